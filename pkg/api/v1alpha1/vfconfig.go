@@ -1,0 +1,227 @@
+// Package v1alpha1 holds the opaque device configuration that users attach to
+// a vfnet ResourceClaim or DeviceClass:
+//
+//	apiVersion: vfnet.io/v1alpha1
+//	kind: VFConfig
+//
+// Every field is a pointer so that "unset" differs from a zero value: when
+// class and claim configs are merged, only fields that are set override.
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// Group, Version and Kind identify the opaque config.
+const (
+	Group      = "vfnet.io"
+	Version    = "v1alpha1"
+	APIVersion = Group + "/" + Version
+	Kind       = "VFConfig"
+)
+
+// Limits of the VF settings.
+const (
+	MaxVLAN = 4094
+	MaxQoS  = 7
+)
+
+// VFConfig is the per-VF configuration a claim or class may carry.
+type VFConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// MAC is the unicast MAC address to give the VF, e.g. "02:00:00:00:00:01".
+	MAC *string `json:"mac,omitempty"`
+	// VLAN is the port VLAN (0-4094, 0 = none).
+	VLAN *int `json:"vlan,omitempty"`
+	// QoS is the 802.1p priority of the port VLAN (0-7).
+	QoS *int `json:"qos,omitempty"`
+	// VLANProtocol is "802.1Q" (default) or "802.1ad".
+	VLANProtocol *string `json:"vlanProtocol,omitempty"`
+	SpoofChk     *bool   `json:"spoofChk,omitempty"`
+	Trust        *bool   `json:"trust,omitempty"`
+	// LinkState is "auto", "enable" or "disable".
+	LinkState     *string `json:"linkState,omitempty"`
+	MinTxRateMbps *int    `json:"minTxRateMbps,omitempty"`
+	MaxTxRateMbps *int    `json:"maxTxRateMbps,omitempty"`
+}
+
+// Decode parses one opaque config strictly: unknown fields, a wrong
+// apiVersion/kind and trailing data are errors. It validates the result.
+func Decode(raw []byte) (*VFConfig, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var c VFConfig
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("decode %s %s: %w (allowed fields: mac, vlan, qos, vlanProtocol, spoofChk, trust, linkState, minTxRateMbps, maxTxRateMbps)", APIVersion, Kind, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("decode %s %s: trailing data after the object", APIVersion, Kind)
+	}
+	if c.APIVersion != APIVersion || c.Kind != Kind {
+		return nil, fmt.Errorf("opaque config has apiVersion %q kind %q; want apiVersion %q kind %q", c.APIVersion, c.Kind, APIVersion, Kind)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Validate checks every set field and names the field and its allowed values.
+func (c *VFConfig) Validate() error {
+	var errs []string
+	if c.MAC != nil {
+		if _, err := ParseMAC(*c.MAC); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if c.VLAN != nil && (*c.VLAN < 0 || *c.VLAN > MaxVLAN) {
+		errs = append(errs, fmt.Sprintf("vlan: %d is out of range; allowed 0-%d", *c.VLAN, MaxVLAN))
+	}
+	if c.QoS != nil && (*c.QoS < 0 || *c.QoS > MaxQoS) {
+		errs = append(errs, fmt.Sprintf("qos: %d is out of range; allowed 0-%d", *c.QoS, MaxQoS))
+	}
+	if c.VLANProtocol != nil && *c.VLANProtocol != vflink.VLANProto8021Q && *c.VLANProtocol != vflink.VLANProto8021AD {
+		errs = append(errs, fmt.Sprintf("vlanProtocol: %q is not allowed; allowed %q or %q", *c.VLANProtocol, vflink.VLANProto8021Q, vflink.VLANProto8021AD))
+	}
+	if c.LinkState != nil {
+		switch *c.LinkState {
+		case vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable:
+		default:
+			errs = append(errs, fmt.Sprintf("linkState: %q is not allowed; allowed %q, %q or %q", *c.LinkState, vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable))
+		}
+	}
+	if c.MinTxRateMbps != nil && *c.MinTxRateMbps < 0 {
+		errs = append(errs, fmt.Sprintf("minTxRateMbps: %d is negative; allowed 0 (no limit) or more", *c.MinTxRateMbps))
+	}
+	if c.MaxTxRateMbps != nil && *c.MaxTxRateMbps < 0 {
+		errs = append(errs, fmt.Sprintf("maxTxRateMbps: %d is negative; allowed 0 (no limit) or more", *c.MaxTxRateMbps))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid %s: %s", Kind, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ValidateMerged checks the merged config of one request: every field, and
+// the rules that span fields that may come from different configs.
+func (c *VFConfig) ValidateMerged() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	var errs []string
+	if c.MinTxRateMbps != nil && c.MaxTxRateMbps != nil && *c.MaxTxRateMbps != 0 && *c.MinTxRateMbps > *c.MaxTxRateMbps {
+		errs = append(errs, fmt.Sprintf("minTxRateMbps: %d exceeds maxTxRateMbps %d; allowed min <= max (or max 0 = no limit)", *c.MinTxRateMbps, *c.MaxTxRateMbps))
+	}
+	if c.QoS != nil && *c.QoS != 0 && (c.VLAN == nil || *c.VLAN == 0) {
+		errs = append(errs, "qos: needs a non-zero vlan; the priority travels in the VLAN tag")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid merged %s: %s", Kind, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ParseMAC parses a unicast 48-bit MAC address as the mac field accepts it.
+func ParseMAC(s string) (net.HardwareAddr, error) {
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 {
+		return nil, fmt.Errorf("mac: %q is not a 48-bit MAC address; allowed form 02:00:00:00:00:01", s)
+	}
+	if hw[0]&1 == 1 {
+		return nil, fmt.Errorf("mac: %q is a multicast address; allowed: unicast addresses (first octet even)", s)
+	}
+	if bytes.Equal(hw, make(net.HardwareAddr, 6)) {
+		return nil, fmt.Errorf("mac: %q is all zeros; allowed: a non-zero unicast address", s)
+	}
+	return hw, nil
+}
+
+// Merge returns c with every field that over sets replaced by over's value:
+// later configs win field by field.
+func (c VFConfig) Merge(over *VFConfig) VFConfig {
+	if over == nil {
+		return c
+	}
+	if over.MAC != nil {
+		c.MAC = over.MAC
+	}
+	if over.VLAN != nil {
+		c.VLAN = over.VLAN
+	}
+	if over.QoS != nil {
+		c.QoS = over.QoS
+	}
+	if over.VLANProtocol != nil {
+		c.VLANProtocol = over.VLANProtocol
+	}
+	if over.SpoofChk != nil {
+		c.SpoofChk = over.SpoofChk
+	}
+	if over.Trust != nil {
+		c.Trust = over.Trust
+	}
+	if over.LinkState != nil {
+		c.LinkState = over.LinkState
+	}
+	if over.MinTxRateMbps != nil {
+		c.MinTxRateMbps = over.MinTxRateMbps
+	}
+	if over.MaxTxRateMbps != nil {
+		c.MaxTxRateMbps = over.MaxTxRateMbps
+	}
+	c.APIVersion, c.Kind = APIVersion, Kind
+	return c
+}
+
+// Apply returns the VF state that results from applying c's set fields on
+// top of base. mac, when non-nil, is the MAC chosen for the VF (it may come
+// from c.MAC or from the VM's interface).
+func (c VFConfig) Apply(base vflink.VFState, mac net.HardwareAddr) vflink.VFState {
+	out := base
+	out.MAC = append(net.HardwareAddr(nil), base.MAC...)
+	if mac != nil {
+		out.MAC = append(net.HardwareAddr(nil), mac...)
+	}
+	if c.VLAN != nil {
+		out.VLAN = *c.VLAN
+		if c.QoS == nil {
+			out.QoS = 0
+		}
+		if c.VLANProtocol == nil {
+			out.VLANProto = vflink.VLANProto8021Q
+		}
+	}
+	if c.QoS != nil {
+		out.QoS = *c.QoS
+	}
+	if c.VLANProtocol != nil {
+		out.VLANProto = *c.VLANProtocol
+	}
+	if out.VLANProto == "" {
+		out.VLANProto = vflink.VLANProto8021Q
+	}
+	if c.SpoofChk != nil {
+		out.SpoofChk = *c.SpoofChk
+	}
+	if c.Trust != nil {
+		out.Trust = *c.Trust
+	}
+	if c.LinkState != nil {
+		out.LinkState = *c.LinkState
+	}
+	if c.MinTxRateMbps != nil {
+		out.MinTxRateMbps = *c.MinTxRateMbps
+	}
+	if c.MaxTxRateMbps != nil {
+		out.MaxTxRateMbps = *c.MaxTxRateMbps
+	}
+	return out
+}
