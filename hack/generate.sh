@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Regenerates the Go code for vfnet's own KubeVirt hooks wire contract
+# (sidecar/hooksapi/**/*.proto) with pinned generators.
+#
+#   hack/generate.sh          regenerate in place
+#   hack/generate.sh --check  regenerate into a temp copy and fail if the
+#                             committed code differs (reproducibility check)
+#
+# Generators are installed with `go install` into .cache/bin (ignored by git);
+# protoc comes from Debian's protobuf-compiler, installed if missing.
+set -euo pipefail
+
+PROTOC_GEN_GO_VERSION=v1.36.12      # same as google.golang.org/protobuf in go.mod
+PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
+PROTOC_WANT="libprotoc 3.21.12"     # Debian bookworm/trixie protobuf-compiler
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bin="$root/.cache/bin"
+mkdir -p "$bin"
+
+check=false
+case "${1:-}" in
+  --check) check=true ;;
+  "") ;;
+  *) echo "usage: $0 [--check]" >&2; exit 2 ;;
+esac
+
+if ! command -v protoc >/dev/null 2>&1; then
+  echo "installing protobuf-compiler (protoc)" >&2
+  apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null
+fi
+have=$(protoc --version)
+if [[ "$have" != "$PROTOC_WANT" ]]; then
+  # The version lands in the generated headers; a different one makes --check fail.
+  echo "warning: protoc is '$have', the committed code was made with '$PROTOC_WANT'" >&2
+fi
+
+install_gen() { # name module version
+  local stamp="$bin/.$1-$3"
+  if [[ ! -x "$bin/$1" || ! -e "$stamp" ]]; then
+    GOBIN="$bin" go install "$2@$3"
+    rm -f "$bin/.$1-"*
+    touch "$stamp"
+  fi
+}
+install_gen protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
+install_gen protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
+
+protos=(sidecar/hooksapi/info/info.proto sidecar/hooksapi/v1alpha3/callbacks.proto)
+
+out="$root"
+if $check; then
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
+
+# Paths relative to the repo root keep the registered proto file names
+# distinct from KubeVirt's own (pkg/hooks/...), so both can share a binary's
+# file registry.
+PATH="$bin:$PATH" protoc -I . \
+  --go_out="$out" --go_opt=paths=source_relative \
+  --go-grpc_out="$out" --go-grpc_opt=paths=source_relative \
+  "${protos[@]}"
+
+if $check; then
+  rc=0
+  for p in "${protos[@]}"; do
+    for f in "${p%.proto}.pb.go" "${p%.proto}_grpc.pb.go"; do
+      if ! diff -u "$f" "$out/$f"; then
+        echo "$f is not what hack/generate.sh produces; run hack/generate.sh and commit" >&2
+        rc=1
+      fi
+    done
+  done
+  exit $rc
+fi
