@@ -1,0 +1,232 @@
+// Package checkpoint persists what vfnet-driver changed on the host, per
+// claim and device, so that unprepare (possibly in a restarted process) can
+// restore every VF exactly and a crash at any step converges.
+//
+// The file is versioned JSON, replaced atomically: write a temp file in the
+// same directory, fsync it, rename it over the old one, fsync the directory.
+// Entries are written BEFORE the host is touched.
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// Version is the only format this code reads and writes.
+const Version = 1
+
+// FileName is the checkpoint's name inside the plugin data directory.
+const FileName = "vfnet-checkpoint.json"
+
+// Phase is where a claim is in its life cycle.
+type Phase string
+
+const (
+	// PhasePreparing: prepare started; devices may be partly set up. A
+	// repeated prepare continues it, unprepare undoes it.
+	PhasePreparing Phase = "Preparing"
+	// PhasePrepared: every device is set up and the CDI spec is written.
+	PhasePrepared Phase = "Prepared"
+	// PhaseUnpreparing: undo started; the host may be partly restored. A
+	// repeated unprepare finishes it, a repeated prepare sets up again.
+	PhaseUnpreparing Phase = "Unpreparing"
+)
+
+// Step is the last host change made for one device, in order.
+type Step string
+
+const (
+	// StepRecorded: originals are saved; the host is untouched.
+	StepRecorded Step = "Recorded"
+	// StepConfiguring: VF link settings are being applied through the PF.
+	StepConfiguring Step = "Configuring"
+	// StepBinding: the VF is being moved to vfio-pci (driver_override,
+	// unbind, bind, waiting for the /dev/vfio node).
+	StepBinding Step = "Binding"
+	// StepBound: the VF is bound to vfio-pci and its group node exists.
+	StepBound Step = "Bound"
+)
+
+// Order gives steps a rank so callers can ask "did we reach X".
+func (s Step) Order() int {
+	switch s {
+	case StepRecorded:
+		return 1
+	case StepConfiguring:
+		return 2
+	case StepBinding:
+		return 3
+	case StepBound:
+		return 4
+	}
+	return 0
+}
+
+// Device is one prepared (or being prepared) VF.
+type Device struct {
+	// Request is the allocation result's request (maybe "req/subreq").
+	Request string `json:"request"`
+	Pool    string `json:"pool"`
+	Device  string `json:"device"`
+
+	BDF       string `json:"bdf"`
+	PFAddress string `json:"pfAddress"`
+	PFNetDev  string `json:"pfNetDev"`
+	VFIndex   int    `json:"vfIndex"`
+
+	Step Step `json:"step"`
+
+	// OriginalDriver is the driver bound before prepare ("" = none).
+	OriginalDriver string `json:"originalDriver"`
+	// OriginalOverride is driver_override before prepare ("" = none).
+	OriginalOverride string `json:"originalOverride"`
+	// Original is the VF's link state before prepare.
+	Original vflink.VFState `json:"original"`
+	// Applied is the VF link state prepare sets.
+	Applied vflink.VFState `json:"applied"`
+
+	// IOMMUGroup and DevNode ("vfio/42" or "vfio/noiommu-42", relative to
+	// the dev root) are known once the VF is bound to vfio-pci.
+	IOMMUGroup string `json:"iommuGroup,omitempty"`
+	DevNode    string `json:"devNode,omitempty"`
+}
+
+// Claim is one claim's entry.
+type Claim struct {
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Phase     Phase    `json:"phase"`
+	Devices   []Device `json:"devices"`
+}
+
+// File is the whole checkpoint.
+type File struct {
+	Version int                  `json:"version"`
+	Claims  map[types.UID]*Claim `json:"claims"`
+}
+
+// Clone returns a deep copy, so callers can hand out snapshots.
+func (f *File) Clone() *File {
+	out := &File{Version: f.Version, Claims: make(map[types.UID]*Claim, len(f.Claims))}
+	for uid, c := range f.Claims {
+		cc := *c
+		cc.Devices = append([]Device(nil), c.Devices...)
+		out.Claims[uid] = &cc
+	}
+	return out
+}
+
+// Store reads and writes the checkpoint file at Path.
+type Store struct{ Path string }
+
+// ErrCorrupt marks a checkpoint that cannot be trusted.
+var ErrCorrupt = errors.New("checkpoint unusable")
+
+// Load reads the checkpoint. A missing file is an empty checkpoint. A file
+// that does not parse or has another version is an error wrapping
+// ErrCorrupt: guessing would risk leaving VFs on vfio-pci or handing them
+// to two claims.
+func (s Store) Load() (*File, error) {
+	data, err := os.ReadFile(s.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &File{Version: Version, Claims: map[types.UID]*Claim{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint %s: %w", s.Path, err)
+	}
+	const fix = "the driver cannot tell which VFs it changed; check the VFs listed in it (driver, driver_override, `ip link show <pf>`), restore them by hand if needed, then move the file away and restart vfnet-driver"
+	var probe struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil || probe.Version == nil {
+		if err == nil {
+			err = errors.New("no version field")
+		}
+		return nil, fmt.Errorf("%w: checkpoint %s is corrupt (%v): %s", ErrCorrupt, s.Path, err, fix)
+	}
+	if *probe.Version != Version {
+		return nil, fmt.Errorf("%w: checkpoint %s has version %d, this vfnet-driver reads version %d: run the driver version that wrote it to unprepare its claims, or %s", ErrCorrupt, s.Path, *probe.Version, Version, fix)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var f File
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w: checkpoint %s is corrupt (%v): %s", ErrCorrupt, s.Path, err, fix)
+	}
+	if f.Claims == nil {
+		f.Claims = map[types.UID]*Claim{}
+	}
+	for uid, c := range f.Claims {
+		if c == nil || (c.Phase != PhasePreparing && c.Phase != PhasePrepared && c.Phase != PhaseUnpreparing) {
+			return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s has no valid phase): %s", ErrCorrupt, s.Path, uid, fix)
+		}
+		for _, d := range c.Devices {
+			if d.BDF == "" || d.Step.Order() == 0 {
+				return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s device %q has no BDF or step): %s", ErrCorrupt, s.Path, uid, d.Device, fix)
+			}
+		}
+	}
+	return &f, nil
+}
+
+// Save replaces the checkpoint atomically and durably.
+func (s Store) Save(f *File) error {
+	f.Version = Version
+	data, err := json.MarshalIndent(f, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode checkpoint %s: %w", s.Path, err)
+	}
+	return WriteFileAtomic(s.Path, data, 0o600)
+}
+
+// WriteFileAtomic replaces path with data so that readers (and a reader
+// after a crash or power loss) see either the old or the new content.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("create temp file for %s: %w", path, err)
+	}
+	cleanup := func() { _ = os.Remove(tmp.Name()) }
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		cleanup()
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		cleanup()
+		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		cleanup()
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		cleanup()
+		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		cleanup()
+		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s to fsync it: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
