@@ -1,6 +1,3 @@
-// Package sysfs models PCI functions and SR-IOV from a sysfs tree rooted at a
-// configurable directory, so the driver, tests and the demo read real and
-// synthetic hosts through the same code.
 package sysfs
 
 // Function is one PCI function as sysfs shows it.
@@ -18,8 +15,11 @@ type Function struct {
 	IOMMUGroup string
 	// Driver is the bound kernel driver ("iavf", "vfio-pci"), "" when unbound.
 	Driver string
-	// NetDevs are the netdev names under the function's net/ directory.
+	// NetDevs are the netdev names under the function's net/ directory, sorted.
 	NetDevs []string
+	// DriverOverride is the content of driver_override, "" when unset
+	// (the kernel shows "(null)").
+	DriverOverride string
 }
 
 // PF is a physical function that supports SR-IOV (sriov_totalvfs > 0).

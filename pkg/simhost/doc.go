@@ -1,0 +1,60 @@
+// Package simhost builds synthetic hosts with SR-IOV NICs and simulates the
+// kernel behind them. It is used by unit tests, the crash and end-to-end
+// tests and `vfnet-driver --simulate`, so it is product code, not test code.
+//
+// Build lays out a sysfs tree (dir/sys) the way Linux does, and a /dev
+// (dir/dev) with vfio/vfio:
+//
+//	devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/       PF directory (vendor, device, class,
+//	    numa_node, driver_override, sriov_totalvfs, sriov_numvfs, sriov_offset, sriov_stride,
+//	    sriov_vf_device, sriov_drivers_autoprobe, enable)
+//	    driver -> ../../../../bus/pci/drivers/ice
+//	    iommu_group -> ../../../../kernel/iommu_groups/17
+//	    virtfn3 -> ../0000:3b:02.3                     (VFs are siblings of the PF)
+//	    net/enp59s0f0/{address,type,operstate,device}
+//	devices/pci0000:3a/0000:3a:00.0/0000:3b:02.3/physfn -> ../0000:3b:00.0
+//	bus/pci/devices/<bdf> -> ../../../devices/pci0000:3a/0000:3a:00.0/<bdf>
+//	bus/pci/drivers/<drv>/{bind,unbind,new_id,remove_id,<bdf> -> device}
+//	bus/pci/drivers_probe, bus/pci/drivers_autoprobe
+//	kernel/iommu_groups/<N>/{devices/<bdf> -> device, type[, name]}
+//	class/net/<if> -> ../../devices/.../<bdf>/net/<if>
+//	devices/system/node/node<N>/{distance,cpulist}
+//	module/vfio/parameters/enable_unsafe_noiommu_mode   (NoIOMMU hosts only)
+//
+// Fixtures: E810PF, ConnectX6DxPF, ConnectX6DxIBPF, I350PF, PlainNIC build
+// PFSpecs; E810Host, MixedHost, InfinibandHost, NoIOMMUHost and LargeHost
+// (4 PFs x 256 VFs) are whole hosts. VFs sit at PF routing ID + offset +
+// i*stride as the SR-IOV capability places them (E810 VF i of 0000:3b:00.0
+// is 0000:3b:02.i). Netdevs use systemd's predictable path names: PF
+// enp<bus>s<slot>f<fn> (ib... for InfiniBand) unless the spec names it, VF
+// <pf netdev>v<index> (naming scheme v247+), so a VF gets its old name back
+// after a rebind. IOMMU groups: one per function, numbered from 16 in
+// address order; new VFs take the lowest free numbers, as the kernel's IDA.
+//
+// Kernel (a sysfs.Writer) applies writes the way the kernel's store
+// functions do and fails with the same errno, as *os.PathError:
+//   - driver_override: set, or clear with "" / "\n";
+//   - bus/pci/drivers/<drv>/bind: ENOENT if the driver is not loaded,
+//     ENODEV if the device is unknown or does not match (override names
+//     another driver, or no override and the ID is not in the driver's
+//     table or new_id list), EBUSY if bound; net drivers create the netdev,
+//     vfio-pci creates /dev/vfio/<group> (after WithVFIODevDelay if set),
+//     or on NoIOMMU hosts allocates a "vfio-noiommu" group and
+//     /dev/vfio/noiommu-<N>; without a group and noiommu it is EINVAL;
+//   - unbind: ENODEV unless bound to that driver; removes the links, the
+//     netdevs (and class/net links), the /dev/vfio node when no other group
+//     member stays on vfio-pci, a noiommu group; a PF driver disables SR-IOV;
+//   - drivers_probe, new_id (EEXIST if it already matches), remove_id;
+//   - sriov_numvfs: ERANGE above total, ENOENT without a PF driver, EBUSY
+//     for N -> M without 0 first; 0 -> N creates VFs (autoprobe binds them),
+//     N -> 0 removes them and forgets their link settings.
+//
+// FailWrite and SetWriteHook inject failures; Links.Fail does so for the
+// VF link layer. All injection is per Host, and every method is safe for
+// concurrent use. State lives in the tree (.simhost/host.json and
+// .simhost/vflinks.json), so Open(root) in another process continues the
+// same simulation; one process should change a host at a time (calls are
+// serialised across processes with flock on .simhost/lock). The /dev/vfio
+// nodes are regular files, and a delayed node whose process exits before
+// the delay never appears.
+package simhost

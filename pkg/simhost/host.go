@@ -1,0 +1,846 @@
+package simhost
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+)
+
+const stateVersion = 1
+
+// persisted is <root>/.simhost/host.json: everything a second process needs
+// to reopen the simulation (the rest is the tree itself).
+type persisted struct {
+	Version int    `json:"version"`
+	Spec    Spec   `json:"spec"`
+	DevRoot string `json:"devRoot"`
+	// VFIODevDelay delays /dev/vfio/<group> after a vfio-pci bind (udev).
+	VFIODevDelay time.Duration `json:"vfioDevDelay,omitempty"`
+	// DynIDs are IDs added through new_id, per driver ("8086 1889").
+	DynIDs map[string][]string `json:"dynIDs,omitempty"`
+}
+
+// Option changes how a Host is built or opened.
+type Option func(*options)
+
+type options struct {
+	vfioDelay    *time.Duration
+	devRoot      string
+	withoutState bool
+}
+
+// WithVFIODevDelay makes /dev/vfio/<group> appear d after the vfio-pci bind
+// instead of at once, as udev creates it asynchronously on a real host.
+// The setting is stored in the tree, so a reopened Host keeps it unless
+// the option is given again.
+func WithVFIODevDelay(d time.Duration) Option {
+	return func(o *options) { o.vfioDelay = &d }
+}
+
+// WithDevRoot puts the simulated /dev at dir instead of <dir>/dev next to
+// the sysfs root.
+func WithDevRoot(dir string) Option { return func(o *options) { o.devRoot = dir } }
+
+// Host is a built synthetic host: a sysfs tree, a /dev tree, the simulated
+// kernel that applies attribute writes to them and the simulated VF link
+// layer. Its methods are safe for concurrent use.
+type Host struct {
+	t       tree
+	devRoot string
+
+	mu      sync.Mutex // serialises every change to the trees and the VF state
+	lockFD  int        // flock on .simhost/lock: one writer across processes
+	st      persisted
+	pfs     map[string]*PFSpec
+	funcs   map[string]*FunctionSpec
+	ids     map[string]map[string]bool // driver -> "vvvv:dddd"
+	timers  map[string]*time.Timer     // group -> pending /dev/vfio node
+	kernel  *Kernel
+	links   *Links
+	closed  bool
+	devSalt byte
+}
+
+// Build lays out spec under dir: the sysfs tree at dir/sys and /dev at
+// dir/dev (or WithDevRoot). dir must be empty or absent.
+func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	root := filepath.Join(dir, "sys")
+	devRoot := o.devRoot
+	if devRoot == "" {
+		devRoot = filepath.Join(dir, "dev")
+	}
+	if err := validateSpec(&spec); err != nil {
+		return nil, err
+	}
+	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot}
+	if o.vfioDelay != nil {
+		st.VFIODevDelay = *o.vfioDelay
+	}
+	h, err := newHost(root, st)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.build(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("build synthetic host in %s: %w", dir, err)
+	}
+	if err := h.saveState(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// Open reopens a host built earlier (possibly by another process) from its
+// sysfs root. Only one process should change a host at a time; changes are
+// serialised with flock, and all state lives in the tree.
+func Open(root string, opts ...Option) (*Host, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	p := filepath.Join(root, stateDir, "host.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("open simulated host at %s (was it built with simhost.Build?): %w", root, err)
+	}
+	var st persisted
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("open simulated host: %s is corrupt: %w", p, err)
+	}
+	if st.Version != stateVersion {
+		return nil, fmt.Errorf("open simulated host: %s has version %d, want %d", p, st.Version, stateVersion)
+	}
+	if o.vfioDelay != nil {
+		st.VFIODevDelay = *o.vfioDelay
+	}
+	return newHost(root, st)
+}
+
+func newHost(root string, st persisted) (*Host, error) {
+	h := &Host{t: tree{root: root}, devRoot: st.DevRoot, st: st, lockFD: -1,
+		timers: map[string]*time.Timer{}}
+	h.index()
+	if err := os.MkdirAll(filepath.Join(root, stateDir), 0o755); err != nil {
+		return nil, err
+	}
+	fd, err := syscall.Open(filepath.Join(root, stateDir, "lock"), syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open simulated host lock: %w", err)
+	}
+	h.lockFD = fd
+	h.kernel = &Kernel{h: h}
+	h.links = &Links{h: h}
+	return h, nil
+}
+
+func (h *Host) index() {
+	h.pfs = map[string]*PFSpec{}
+	h.funcs = map[string]*FunctionSpec{}
+	h.ids = map[string]map[string]bool{}
+	add := func(drv, vendor, device string) {
+		if drv == "" || drv == DriverVFIOPCI {
+			return
+		}
+		if h.ids[drv] == nil {
+			h.ids[drv] = map[string]bool{}
+		}
+		h.ids[drv][vendor+":"+device] = true
+	}
+	for i := range h.st.Spec.PFs {
+		pf := &h.st.Spec.PFs[i]
+		h.pfs[pf.Address] = pf
+		h.funcs[pf.Address] = &pf.FunctionSpec
+		add(pf.Driver, pf.VendorID, pf.DeviceID)
+		add(pf.VFDriver, pf.VendorID, pf.VFDeviceID)
+	}
+	for i := range h.st.Spec.Functions {
+		f := &h.st.Spec.Functions[i]
+		h.funcs[f.Address] = f
+		add(f.Driver, f.VendorID, f.DeviceID)
+	}
+	for drv, list := range h.st.DynIDs {
+		for _, id := range list {
+			if h.ids[drv] == nil {
+				h.ids[drv] = map[string]bool{}
+			}
+			h.ids[drv][strings.Replace(id, " ", ":", 1)] = true
+		}
+	}
+}
+
+// Close stops pending /dev/vfio timers and releases the lock file.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	h.closed = true
+	for g, t := range h.timers {
+		t.Stop()
+		delete(h.timers, g)
+	}
+	if h.lockFD >= 0 {
+		syscall.Close(h.lockFD)
+		h.lockFD = -1
+	}
+	return nil
+}
+
+// Root is the sysfs root (pass it as --sysfs-root or to sysfs.New).
+func (h *Host) Root() string { return h.t.root }
+
+// DevRoot is the simulated /dev.
+func (h *Host) DevRoot() string { return h.devRoot }
+
+// Kernel is the simulated kernel: a sysfs.Writer over this host.
+func (h *Host) Kernel() *Kernel { return h.kernel }
+
+// Links is the simulated VF link layer (vflink.Links) over this host.
+func (h *Host) Links() *Links { return h.links }
+
+// Sysfs is a reader over this host's tree.
+func (h *Host) Sysfs() *sysfs.Host { return sysfs.New(h.t.root) }
+
+// Spec returns the spec the host was built from.
+func (h *Host) Spec() Spec { return h.st.Spec }
+
+// lock takes the in-process mutex and the cross-process flock.
+func (h *Host) lock() func() {
+	h.mu.Lock()
+	if h.lockFD >= 0 {
+		for syscall.Flock(h.lockFD, syscall.LOCK_EX) == syscall.EINTR {
+		}
+	}
+	return func() {
+		if h.lockFD >= 0 {
+			syscall.Flock(h.lockFD, syscall.LOCK_UN)
+		}
+		h.mu.Unlock()
+	}
+}
+
+func (h *Host) saveState() error {
+	b, err := json.MarshalIndent(h.st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(h.t.root, stateDir, "host.json"), b)
+}
+
+// writeAtomic writes a file through a temp file, fsync and rename, so a
+// reader in another process never sees half of it.
+func writeAtomic(p string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(p), ".tmp-"+filepath.Base(p))
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), p)
+}
+
+func validateSpec(s *Spec) error {
+	seen := map[string]string{}
+	claim := func(bdf, what string) error {
+		if !sysfs.ValidBDF(bdf) {
+			return fmt.Errorf("spec: %s address %q: want lower-case dddd:bb:ss.f", what, bdf)
+		}
+		if prev, ok := seen[bdf]; ok {
+			return fmt.Errorf("spec: %s address %s already used by %s", what, bdf, prev)
+		}
+		seen[bdf] = what
+		return nil
+	}
+	checkFn := func(f *FunctionSpec, what string) error {
+		if err := claim(f.Address, what); err != nil {
+			return err
+		}
+		if f.RootPort == "" {
+			f.RootPort = rootPortFor(f.Address)
+		}
+		if !sysfs.ValidBDF(f.RootPort) {
+			return fmt.Errorf("spec: %s %s: root port %q is not a PCI address", what, f.Address, f.RootPort)
+		}
+		if len(f.VendorID) != 4 || len(f.DeviceID) != 4 {
+			return fmt.Errorf("spec: %s %s: vendor/device IDs must be 4 hex digits", what, f.Address)
+		}
+		if f.LinkType == "" {
+			f.LinkType = sysfs.LinkTypeEthernet
+		}
+		if f.OperState == "" {
+			f.OperState = defaultPFState
+		}
+		if f.NetDev == "" {
+			f.NetDev = pathName(f.Address, f.LinkType)
+		}
+		if f.MAC == "" {
+			f.MAC = derivedMAC(f.Address, 0xfe)
+		}
+		return nil
+	}
+	for i := range s.Functions {
+		if err := checkFn(&s.Functions[i], "function"); err != nil {
+			return err
+		}
+	}
+	for i := range s.PFs {
+		pf := &s.PFs[i]
+		if err := checkFn(&pf.FunctionSpec, "PF"); err != nil {
+			return err
+		}
+		if pf.TotalVFs <= 0 || pf.NumVFs < 0 || pf.NumVFs > pf.TotalVFs {
+			return fmt.Errorf("spec: PF %s: want 0 <= numVFs (%d) <= totalVFs (%d), totalVFs > 0", pf.Address, pf.NumVFs, pf.TotalVFs)
+		}
+		if pf.VFOffset == 0 {
+			pf.VFOffset = defaultOffset
+		}
+		if pf.VFStride == 0 {
+			pf.VFStride = 1
+		}
+		for i := 0; i < pf.TotalVFs; i++ {
+			a, err := vfAddress(pf.Address, pf.VFOffset, pf.VFStride, i)
+			if err != nil {
+				return fmt.Errorf("spec: %w", err)
+			}
+			if err := claim(a, "VF "+strconv.Itoa(i)+" of "+pf.Address); err != nil {
+				return err
+			}
+		}
+	}
+	for _, f := range s.Functions {
+		if prev, ok := seen[f.RootPort]; ok {
+			return fmt.Errorf("spec: root port %s of %s collides with %s", f.RootPort, f.Address, prev)
+		}
+	}
+	for _, pf := range s.PFs {
+		if prev, ok := seen[pf.RootPort]; ok {
+			return fmt.Errorf("spec: root port %s of %s collides with %s", pf.RootPort, pf.Address, prev)
+		}
+	}
+	if s.FirstIOMMUGroup == 0 {
+		s.FirstIOMMUGroup = defaultGroup0
+	}
+	return nil
+}
+
+// netInfo is what the netdev of a function looks like when a net driver
+// binds it.
+type netInfo struct {
+	name, linkType, operState, mac string
+}
+
+// vfOf returns the PF spec and index of a VF address, or nil.
+func (h *Host) vfOf(bdf string) (*PFSpec, int) {
+	_, rid, err := parseBDF(bdf)
+	if err != nil {
+		return nil, -1
+	}
+	for _, pf := range h.pfs {
+		_, prid, _ := parseBDF(pf.Address)
+		d := rid - prid - pf.VFOffset
+		if d >= 0 && d%pf.VFStride == 0 && d/pf.VFStride < pf.TotalVFs {
+			return pf, d / pf.VFStride
+		}
+	}
+	return nil, -1
+}
+
+func (h *Host) netInfoFor(bdf string) netInfo {
+	if f, ok := h.funcs[bdf]; ok {
+		return netInfo{f.NetDev, f.LinkType, f.OperState, f.MAC}
+	}
+	if pf, i := h.vfOf(bdf); pf != nil {
+		mac := derivedMAC(bdf, 0x00)
+		if st, ok := h.links.peek(pf.NetDev, i); ok && st.MAC != nil && !isZeroMAC(st.MAC) {
+			mac = st.MAC.String()
+		}
+		return netInfo{vfNetDev(pf.NetDev, i), pf.LinkType, "down", mac}
+	}
+	return netInfo{pathName(bdf, sysfs.LinkTypeEthernet), sysfs.LinkTypeEthernet, "down", derivedMAC(bdf, 0x01)}
+}
+
+// build lays out the whole tree from the spec.
+func (h *Host) build() error {
+	t := h.t
+	s := &h.st.Spec
+	for _, d := range []string{"", "devices", "devices/system", "devices/system/node", "bus", "bus/pci", pciDevices, pciDrivers,
+		"kernel", iommuDir, "class", classNet, "module", stateDir} {
+		if err := t.mkdir(d); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(h.devRoot, "vfio"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(h.devRoot, "vfio", "vfio"), nil, 0o666); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, content string }{{"drivers_probe", ""}, {"drivers_autoprobe", "1\n"}, {"rescan", ""}} {
+		if err := t.write("bus/pci/"+f.name, f.content, 0o644); err != nil {
+			return err
+		}
+	}
+	if s.NoIOMMU {
+		if err := t.mkdirAll("module/vfio/parameters"); err != nil {
+			return err
+		}
+		if err := t.write(sysfs.NoIOMMUParam, "Y\n", 0o644); err != nil {
+			return err
+		}
+	}
+	// Drivers: everything a function is bound to or a VF autoprobes, plus vfio-pci.
+	drivers := map[string]bool{}
+	for drv := range h.ids {
+		drivers[drv] = true
+	}
+	for _, d := range s.ExtraDrivers {
+		drivers[d] = true
+	}
+	if !s.NoVFIOPCI {
+		drivers[DriverVFIOPCI] = true
+	}
+	for d := range drivers {
+		if err := h.createDriver(d); err != nil {
+			return err
+		}
+	}
+	// NUMA nodes.
+	nodes := s.NUMANodes
+	if nodes == 0 {
+		nodes = 1
+		for _, f := range h.funcs {
+			if f.NUMANode+1 > nodes {
+				nodes = f.NUMANode + 1
+			}
+		}
+	}
+	for n := 0; n < nodes; n++ {
+		var dist []string
+		for m := 0; m < nodes; m++ {
+			if m == n {
+				dist = append(dist, "10")
+			} else {
+				dist = append(dist, "21")
+			}
+		}
+		dir := "devices/system/node/node" + strconv.Itoa(n)
+		if err := t.mkdir(dir); err != nil {
+			return err
+		}
+		if err := t.write(dir+"/distance", strings.Join(dist, " ")+"\n", 0o444); err != nil {
+			return err
+		}
+		if err := t.write(dir+"/cpulist", fmt.Sprintf("%d-%d\n", n*16, n*16+15), 0o444); err != nil {
+			return err
+		}
+	}
+	if err := t.write("devices/system/node/online", fmt.Sprintf("0-%d\n", nodes-1), 0o444); err != nil {
+		return err
+	}
+
+	nextGroup := s.FirstIOMMUGroup
+	group := func() int {
+		if s.NoIOMMU {
+			return -1
+		}
+		g := nextGroup
+		nextGroup++
+		return g
+	}
+	// Root ports, in address order so group numbers are stable.
+	ports := map[string]int{}
+	for _, f := range h.funcs {
+		if _, ok := ports[f.RootPort]; !ok || f.NUMANode > ports[f.RootPort] {
+			ports[f.RootPort] = f.NUMANode
+		}
+	}
+	for _, rp := range sortedKeys(ports) {
+		rc := "devices/" + rootComplex(rp)
+		if err := t.mkdir(rc); err != nil {
+			return err
+		}
+		fr := fnRec{bdf: rp, dir: rc + "/" + rp, vendor: "8086", device: "2030", class: "0x060400", numa: ports[rp], group: group()}
+		if err := h.createFunction(fr); err != nil {
+			return err
+		}
+	}
+	// Plain functions and PFs, in address order.
+	all := sortedKeys(h.funcs)
+	for _, bdf := range all {
+		f := h.funcs[bdf]
+		fr := fnRec{bdf: bdf, dir: "devices/" + rootComplex(f.RootPort) + "/" + f.RootPort + "/" + bdf,
+			vendor: f.VendorID, device: f.DeviceID, class: "0x020000", numa: f.NUMANode, noNUMA: f.NoNUMAFile, group: group()}
+		if f.LinkType == sysfs.LinkTypeInfiniband {
+			fr.class = "0x020700"
+		}
+		if err := h.createFunction(fr); err != nil {
+			return err
+		}
+		if pf := h.pfs[bdf]; pf != nil {
+			for _, a := range []struct{ name, content string }{
+				{"sriov_totalvfs", strconv.Itoa(pf.TotalVFs)}, {"sriov_numvfs", "0"},
+				{"sriov_offset", strconv.Itoa(pf.VFOffset)}, {"sriov_stride", strconv.Itoa(pf.VFStride)},
+				{"sriov_vf_device", strings.TrimLeft(pf.VFDeviceID, "0")}, {"sriov_drivers_autoprobe", "1"},
+			} {
+				if err := t.write(fr.dir+"/"+a.name, a.content+"\n", 0o644); err != nil {
+					return err
+				}
+			}
+		}
+		if f.Driver != "" {
+			if err := h.probe(f.Driver, bdf, fr.dir); err != nil {
+				return fmt.Errorf("bind %s to %s: %w", bdf, f.Driver, err)
+			}
+		}
+		if pf := h.pfs[bdf]; pf != nil && pf.NumVFs > 0 {
+			if err := h.enableVFs(pf, fr.dir, pf.NumVFs, func() int {
+				if s.NoIOMMU {
+					return -1
+				}
+				g := nextGroup
+				nextGroup++
+				return g
+			}, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (h *Host) createDriver(drv string) error {
+	dir := pciDrivers + "/" + drv
+	if err := h.t.mkdir(dir); err != nil {
+		return err
+	}
+	for _, f := range []string{"bind", "unbind", "new_id", "remove_id", "uevent"} {
+		if err := h.t.write(dir+"/"+f, "", 0o200); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fnRec is one function to create.
+type fnRec struct {
+	bdf, dir               string
+	vendor, device, class  string
+	numa                   int
+	noNUMA                 bool
+	group                  int // -1: none
+	physfn                 string
+}
+
+// createFunction makes the device directory, its attributes, the
+// bus/pci/devices link and its IOMMU group membership.
+func (h *Host) createFunction(f fnRec) error {
+	t := h.t
+	if err := t.mkdir(f.dir); err != nil {
+		return err
+	}
+	attrs := []struct{ name, content string }{
+		{"vendor", "0x" + f.vendor}, {"device", "0x" + f.device}, {"class", f.class},
+		{"driver_override", "(null)"}, {"enable", "1"},
+	}
+	if !f.noNUMA {
+		attrs = append(attrs, struct{ name, content string }{"numa_node", strconv.Itoa(f.numa)})
+	}
+	for _, a := range attrs {
+		if err := t.write(f.dir+"/"+a.name, a.content+"\n", 0o644); err != nil {
+			return err
+		}
+	}
+	if err := t.link(busLink(f.bdf), f.dir); err != nil {
+		return err
+	}
+	if f.physfn != "" {
+		if err := t.link(f.dir+"/physfn", f.physfn); err != nil {
+			return err
+		}
+	}
+	if f.group >= 0 {
+		if err := h.joinGroup(f.group, f.bdf, f.dir, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Host) joinGroup(group int, bdf, dir string, noiommu bool) error {
+	g := iommuDir + "/" + strconv.Itoa(group)
+	if !h.t.exists(g) {
+		if err := h.t.mkdir(g); err != nil {
+			return err
+		}
+		if err := h.t.mkdir(g + "/devices"); err != nil {
+			return err
+		}
+		typ := "DMA-FQ"
+		if noiommu {
+			typ = "identity"
+			if err := h.t.write(g+"/name", sysfs.NoIOMMUGroupName+"\n", 0o444); err != nil {
+				return err
+			}
+		}
+		if err := h.t.write(g+"/type", typ+"\n", 0o644); err != nil {
+			return err
+		}
+	}
+	if err := h.t.link(g+"/devices/"+bdf, dir); err != nil {
+		return err
+	}
+	return h.t.link(dir+"/iommu_group", g)
+}
+
+// enableVFs creates VFs 0..n-1 of pf (SR-IOV enable), probing drivers when
+// autoprobe is on. atBuild applies the spec's per-VF drivers.
+func (h *Host) enableVFs(pf *PFSpec, pfDir string, n int, nextGroup func() int, atBuild bool) error {
+	parent := pfDir[:strings.LastIndexByte(pfDir, '/')]
+	autoprobe := true
+	if v, err := h.t.read(pfDir + "/sriov_drivers_autoprobe"); err == nil && v == "0" {
+		autoprobe = false
+	}
+	for i := 0; i < n; i++ {
+		bdf, err := vfAddress(pf.Address, pf.VFOffset, pf.VFStride, i)
+		if err != nil {
+			return err
+		}
+		fr := fnRec{bdf: bdf, dir: parent + "/" + bdf, vendor: pf.VendorID, device: pf.VFDeviceID, class: "0x020000",
+			numa: pf.NUMANode, noNUMA: pf.NoNUMAFile, group: nextGroup(), physfn: pfDir}
+		if err := h.createFunction(fr); err != nil {
+			return err
+		}
+		if err := h.t.link(pfDir+"/virtfn"+strconv.Itoa(i), fr.dir); err != nil {
+			return err
+		}
+		drv := ""
+		if autoprobe {
+			drv = h.matchDriver(bdf, fr.dir, "")
+		}
+		if atBuild {
+			if d, ok := pf.VFDrivers[i]; ok {
+				drv = d
+				if d == DriverVFIOPCI {
+					if err := h.t.write(fr.dir+"/driver_override", d+"\n", 0o644); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if drv != "" {
+			if err := h.probe(drv, bdf, fr.dir); err != nil && atBuild {
+				return fmt.Errorf("bind VF %s to %s: %w", bdf, drv, err)
+			}
+		}
+	}
+	return h.t.write(pfDir+"/sriov_numvfs", strconv.Itoa(n)+"\n", 0o644)
+}
+
+// matchDriver returns the loaded driver the kernel would pick for a device:
+// the driver_override if set (and loaded), else the first driver (by name)
+// whose ID table (static or new_id) has the device's vendor:device.
+func (h *Host) matchDriver(bdf, dir, override string) string {
+	if override != "" {
+		if h.t.exists(pciDrivers + "/" + override) {
+			return override
+		}
+		return ""
+	}
+	vendor, _ := h.t.read(dir + "/vendor")
+	device, _ := h.t.read(dir + "/device")
+	id := strings.TrimPrefix(vendor, "0x") + ":" + strings.TrimPrefix(device, "0x")
+	for _, drv := range sortedKeys(h.ids) {
+		if h.ids[drv][id] && h.t.exists(pciDrivers+"/"+drv) {
+			return drv
+		}
+	}
+	return ""
+}
+
+// probe binds drv to the device: the driver links plus what the driver
+// creates (a netdev, or the vfio group node). The caller checked matching.
+func (h *Host) probe(drv, bdf, dir string) error {
+	if drv == DriverVFIOPCI {
+		if err := h.vfioProbe(bdf, dir); err != nil {
+			return err
+		}
+	}
+	if err := h.t.link(dir+"/driver", pciDrivers+"/"+drv); err != nil {
+		return err
+	}
+	if err := h.t.link(pciDrivers+"/"+drv+"/"+bdf, dir); err != nil {
+		return err
+	}
+	if isNetDriver(drv) {
+		ni := h.netInfoFor(bdf)
+		if err := h.createNetdev(dir, ni); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isNetDriver(drv string) bool { return drv != DriverVFIOPCI && drv != "pci-stub" }
+
+func (h *Host) createNetdev(dir string, ni netInfo) error {
+	t := h.t
+	if err := t.mkdir(dir + "/net"); err != nil {
+		return err
+	}
+	nd := dir + "/net/" + ni.name
+	if err := t.mkdir(nd); err != nil {
+		return err
+	}
+	for _, a := range []struct{ name, content string }{
+		{"address", ni.mac}, {"type", arphrd(ni.linkType)}, {"operstate", ni.operState},
+	} {
+		if err := t.write(nd+"/"+a.name, a.content+"\n", 0o444); err != nil {
+			return err
+		}
+	}
+	if err := t.link(nd+"/device", dir); err != nil {
+		return err
+	}
+	return t.link(classNet+"/"+ni.name, nd)
+}
+
+// vfioProbe is what vfio-pci's probe does for the group: allocate a
+// noiommu group if the device has none (or fail like the kernel without
+// enable_unsafe_noiommu_mode), then create /dev/vfio/<group>.
+func (h *Host) vfioProbe(bdf, dir string) error {
+	g, err := h.t.readlink(dir + "/iommu_group")
+	noiommu := false
+	if err != nil {
+		if !h.st.Spec.NoIOMMU {
+			// vfio_group_find_or_alloc: no group and noiommu off -> -EINVAL.
+			return syscall.EINVAL
+		}
+		n, err := h.freeGroup()
+		if err != nil {
+			return err
+		}
+		if err := h.joinGroup(n, bdf, dir, true); err != nil {
+			return err
+		}
+		g = iommuDir + "/" + strconv.Itoa(n)
+		noiommu = true
+	} else if name, err := h.t.read(g + "/name"); err == nil && name == sysfs.NoIOMMUGroupName {
+		noiommu = true
+	}
+	num := g[strings.LastIndexByte(g, '/')+1:]
+	node := num
+	if noiommu {
+		node = "noiommu-" + num
+	}
+	return h.scheduleDevNode(num, node)
+}
+
+// scheduleDevNode creates /dev/vfio/<node> now, or after the configured
+// delay, re-checking then that a group member is still bound to vfio-pci.
+func (h *Host) scheduleDevNode(group, node string) error {
+	p := filepath.Join(h.devRoot, "vfio", node)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	if h.st.VFIODevDelay <= 0 {
+		return os.WriteFile(p, nil, 0o600)
+	}
+	if _, pending := h.timers[group]; pending {
+		return nil
+	}
+	h.timers[group] = time.AfterFunc(h.st.VFIODevDelay, func() {
+		unlock := h.lock()
+		defer unlock()
+		if h.closed {
+			return
+		}
+		delete(h.timers, group)
+		if h.groupHasVFIO(group, "") {
+			_ = os.WriteFile(p, nil, 0o600)
+		}
+	})
+	return nil
+}
+
+// groupHasVFIO reports whether a member of group other than except is bound
+// to vfio-pci.
+func (h *Host) groupHasVFIO(group, except string) bool {
+	ents, err := os.ReadDir(h.t.abs(iommuDir + "/" + group + "/devices"))
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.Name() == except {
+			continue
+		}
+		d, err := h.t.readlink(iommuDir + "/" + group + "/devices/" + e.Name() + "/driver")
+		if err == nil && strings.HasSuffix(d, "/"+DriverVFIOPCI) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeGroup returns the lowest unused group number >= FirstIOMMUGroup, the
+// way the kernel's IDA hands them out.
+func (h *Host) freeGroup() (int, error) {
+	used, err := h.usedGroups()
+	if err != nil {
+		return 0, err
+	}
+	for n := h.st.Spec.FirstIOMMUGroup; ; n++ {
+		if !used[n] {
+			return n, nil
+		}
+	}
+}
+
+func (h *Host) usedGroups() (map[int]bool, error) {
+	ents, err := os.ReadDir(h.t.abs(iommuDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	used := map[int]bool{}
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			used[n] = true
+		}
+	}
+	return used, nil
+}

@@ -1,0 +1,313 @@
+package simhost
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// Links is the simulated VF link layer (what `ip link set <pf> vf <n> ...`
+// reaches in the PF driver). It implements vflink.Links. The VF settings are
+// kept in <root>/.simhost/vflinks.json, rewritten atomically after every
+// change and re-read on every call, so a restarted driver or a test in
+// another process sees the same state. One process should change a host at
+// a time; calls from several processes are still serialised by flock.
+//
+// Modelled kernel behaviour:
+//   - the PF is looked up by netdev name (class/net/<pf>, and it must be an
+//     SR-IOV PF): otherwise ENODEV; a VF index >= sriov_numvfs is EINVAL;
+//   - VLAN 0-4095, qos 0-7, qos without a VLAN, and protocols other than
+//     802.1Q/802.1ad are rejected (EINVAL, EPROTONOSUPPORT for the protocol);
+//   - a MAC must be 6 bytes and unicast; all-zero clears the admin MAC, as
+//     ice, mlx5 and igb accept;
+//   - min rate <= max rate unless max is 0 (no limit); negative rates EINVAL;
+//   - link state auto/enable/disable.
+//
+// A VF nobody configured reads as the kernel shows it after SR-IOV enable:
+// MAC 00:00:00:00:00:00, VLAN 0, qos 0, 802.1Q, spoofchk on, trust off,
+// link auto, no rate limits. Disabling SR-IOV on the PF forgets the settings.
+// Setting a MAC also changes the address of the VF's netdev, if it has one.
+type Links struct {
+	h     *Host
+	fails []failRule
+	cache struct {
+		size, mtime int64
+		m           map[string]vflink.VFState
+	}
+}
+
+var _ vflink.Links = (*Links)(nil)
+
+// Link operation names for Fail.
+const (
+	OpVF           = "VF"
+	OpSetMAC       = "SetMAC"
+	OpSetVLAN      = "SetVLAN"
+	OpSetSpoofChk  = "SetSpoofChk"
+	OpSetTrust     = "SetTrust"
+	OpSetLinkState = "SetLinkState"
+	OpSetRate      = "SetRate"
+)
+
+// Fail makes the next count calls of op (OpSetMAC, ...) fail with errno
+// before any effect (count < 0: every call).
+func (l *Links) Fail(op string, errno syscall.Errno, count int) {
+	unlock := l.h.lock()
+	defer unlock()
+	l.fails = append(l.fails, failRule{op: op, errno: errno, remain: count})
+}
+
+// DefaultVFState is what an unconfigured VF reports.
+func DefaultVFState() vflink.VFState {
+	return vflink.VFState{MAC: make(net.HardwareAddr, 6), VLANProto: vflink.VLANProto8021Q, SpoofChk: true,
+		LinkState: vflink.LinkStateAuto}
+}
+
+func key(pf string, vf int) string { return pf + "/" + strconv.Itoa(vf) }
+
+func (l *Links) statePath() string { return filepath.Join(l.h.t.root, stateDir, "vflinks.json") }
+
+// load reads the state file (cached by size and mtime; it is replaced by
+// rename, so a change always shows in the stat).
+func (l *Links) load() (map[string]vflink.VFState, error) {
+	p := l.statePath()
+	st, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]vflink.VFState{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.cache.m != nil && l.cache.size == st.Size() && l.cache.mtime == st.ModTime().UnixNano() {
+		return cloneStates(l.cache.m), nil
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]vflink.VFState{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("simulated VF link state %s is corrupt: %w", p, err)
+	}
+	l.cache.size, l.cache.mtime, l.cache.m = st.Size(), st.ModTime().UnixNano(), m
+	return cloneStates(m), nil
+}
+
+func cloneStates(m map[string]vflink.VFState) map[string]vflink.VFState {
+	out := make(map[string]vflink.VFState, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (l *Links) save(m map[string]vflink.VFState) error {
+	// encoding/json writes map keys sorted, so the file is stable.
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	l.cache.m = nil
+	return writeAtomic(l.statePath(), b)
+}
+
+// peek returns the stored state of a VF (caller holds the lock).
+func (l *Links) peek(pf string, vf int) (vflink.VFState, bool) {
+	m, err := l.load()
+	if err != nil {
+		return vflink.VFState{}, false
+	}
+	st, ok := m[key(pf, vf)]
+	return st, ok
+}
+
+// forgetPF drops the settings of every VF of pf (SR-IOV disabled).
+func (l *Links) forgetPF(pf string) error {
+	m, err := l.load()
+	if err != nil {
+		return err
+	}
+	changed := false
+	for k := range m {
+		if strings.HasPrefix(k, pf+"/") {
+			delete(m, k)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return l.save(m)
+}
+
+// check finds the PF and VF as the kernel would (caller holds the lock).
+func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
+	if errno, ok := takeFail(l.fails, func(o string) bool { return o == op }); ok {
+		return "", errno
+	}
+	t := l.h.t
+	nd, err := t.readlink(classNet + "/" + pf)
+	if pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
+		return "", syscall.ENODEV
+	}
+	pfDir = nd[:strings.LastIndex(nd, "/net/")]
+	n, err := t.read(pfDir + "/sriov_numvfs")
+	if err != nil {
+		// Not an SR-IOV PF: the driver has no ndo_set_vf_* (EOPNOTSUPP).
+		return "", syscall.EOPNOTSUPP
+	}
+	num, _ := strconv.Atoi(n)
+	if vf < 0 || vf >= num {
+		return "", syscall.EINVAL
+	}
+	return pfDir, nil
+}
+
+func (l *Links) get(m map[string]vflink.VFState, pf string, vf int) vflink.VFState {
+	if st, ok := m[key(pf, vf)]; ok {
+		return st
+	}
+	return DefaultVFState()
+}
+
+// update runs fn on the VF's state under the lock and persists it.
+func (l *Links) update(op, pf string, vf int, fn func(st *vflink.VFState, pfDir string) error) error {
+	unlock := l.h.lock()
+	defer unlock()
+	pfDir, err := l.check(op, pf, vf)
+	if err != nil {
+		return fmt.Errorf("simulated %s on %s vf %d: %w", op, pf, vf, err)
+	}
+	m, err := l.load()
+	if err != nil {
+		return err
+	}
+	st := l.get(m, pf, vf)
+	if err := fn(&st, pfDir); err != nil {
+		return fmt.Errorf("simulated %s on %s vf %d: %w", op, pf, vf, err)
+	}
+	m[key(pf, vf)] = st
+	return l.save(m)
+}
+
+// VF implements vflink.Links.
+func (l *Links) VF(pf string, vf int) (vflink.VFState, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	if _, err := l.check(OpVF, pf, vf); err != nil {
+		return vflink.VFState{}, fmt.Errorf("simulated VF read on %s vf %d: %w", pf, vf, err)
+	}
+	m, err := l.load()
+	if err != nil {
+		return vflink.VFState{}, err
+	}
+	st := l.get(m, pf, vf)
+	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
+	return st, nil
+}
+
+func isZeroMAC(mac net.HardwareAddr) bool { return bytes.Equal(mac, make(net.HardwareAddr, len(mac))) }
+
+// SetMAC implements vflink.Links.
+func (l *Links) SetMAC(pf string, vf int, mac net.HardwareAddr) error {
+	return l.update(OpSetMAC, pf, vf, func(st *vflink.VFState, pfDir string) error {
+		if len(mac) != 6 || mac[0]&1 == 1 {
+			return syscall.EINVAL
+		}
+		st.MAC = append(net.HardwareAddr(nil), mac...)
+		// The VF's netdev takes the new address (the PF resets the VF).
+		if vfDir, err := l.h.t.readlink(pfDir + "/virtfn" + strconv.Itoa(vf)); err == nil {
+			ents, _ := os.ReadDir(l.h.t.abs(vfDir + "/net"))
+			for _, e := range ents {
+				addr := mac.String()
+				if isZeroMAC(mac) {
+					addr = derivedMAC(filepath.Base(vfDir), 0)
+				}
+				if err := l.h.t.write(vfDir+"/net/"+e.Name()+"/address", addr+"\n", 0o444); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// SetVLAN implements vflink.Links.
+func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
+	return l.update(OpSetVLAN, pf, vf, func(st *vflink.VFState, _ string) error {
+		if vlan < 0 || vlan > 4095 || qos < 0 || qos > 7 || (vlan == 0 && qos != 0) {
+			return syscall.EINVAL
+		}
+		if proto == "" {
+			proto = vflink.VLANProto8021Q
+		}
+		if proto != vflink.VLANProto8021Q && proto != vflink.VLANProto8021AD {
+			return syscall.EPROTONOSUPPORT
+		}
+		st.VLAN, st.QoS, st.VLANProto = vlan, qos, proto
+		return nil
+	})
+}
+
+// SetSpoofChk implements vflink.Links.
+func (l *Links) SetSpoofChk(pf string, vf int, on bool) error {
+	return l.update(OpSetSpoofChk, pf, vf, func(st *vflink.VFState, _ string) error {
+		st.SpoofChk = on
+		return nil
+	})
+}
+
+// SetTrust implements vflink.Links.
+func (l *Links) SetTrust(pf string, vf int, on bool) error {
+	return l.update(OpSetTrust, pf, vf, func(st *vflink.VFState, _ string) error {
+		st.Trust = on
+		return nil
+	})
+}
+
+// SetLinkState implements vflink.Links.
+func (l *Links) SetLinkState(pf string, vf int, state string) error {
+	return l.update(OpSetLinkState, pf, vf, func(st *vflink.VFState, _ string) error {
+		switch state {
+		case vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable:
+			st.LinkState = state
+			return nil
+		}
+		return syscall.EINVAL
+	})
+}
+
+// SetRate implements vflink.Links.
+func (l *Links) SetRate(pf string, vf int, minMbps, maxMbps int) error {
+	return l.update(OpSetRate, pf, vf, func(st *vflink.VFState, _ string) error {
+		if minMbps < 0 || maxMbps < 0 || (maxMbps != 0 && minMbps > maxMbps) {
+			return syscall.EINVAL
+		}
+		st.MinTxRateMbps, st.MaxTxRateMbps = minMbps, maxMbps
+		return nil
+	})
+}
+
+// VFState reads a VF's link state without failure injection (for tests).
+func (h *Host) VFState(pf string, vf int) (vflink.VFState, error) {
+	unlock := h.lock()
+	defer unlock()
+	if _, err := h.links.check("", pf, vf); err != nil {
+		return vflink.VFState{}, fmt.Errorf("VF state of %s vf %d: %w", pf, vf, err)
+	}
+	m, err := h.links.load()
+	if err != nil {
+		return vflink.VFState{}, err
+	}
+	return h.links.get(m, pf, vf), nil
+}

@@ -1,0 +1,44 @@
+// Package sysfs models PCI functions and SR-IOV from a sysfs tree rooted at a
+// configurable directory (default /sys), so the driver, tests and the demo
+// read real and synthetic hosts (pkg/simhost) through the same code.
+//
+// Read side:
+//
+//	h := sysfs.New(root)
+//	pfs, err := h.Discover(ctx)   // PFs (sriov_totalvfs > 0) with their VFs, sorted by address
+//	fn, err := h.Function(bdf)     // re-read one function (driver, group, netdevs, override)
+//	h.DriverLoaded("vfio-pci")     // bus/pci/drivers/<name> exists
+//	h.VFIOGroupDevice(group)       // "42" or "noiommu-42": the name of the node under /dev/vfio
+//
+// What is read, per function (the layout the kernel exposes):
+//
+//	bus/pci/devices/<bdf>                -> ../../../devices/pci0000:3a/0000:3a:00.0/<bdf>
+//	<dev>/vendor, <dev>/device           "0x8086\n" (0x stripped, lower-cased)
+//	<dev>/numa_node                      "-1\n" allowed; a missing file skips the function
+//	<dev>/driver                         -> .../bus/pci/drivers/iavf (basename = driver)
+//	<dev>/iommu_group                    -> .../kernel/iommu_groups/42 (basename = group)
+//	<dev>/driver_override                "(null)\n" when unset
+//	<dev>/net/<ifname>/                  one directory per netdev
+//	<pf>/sriov_totalvfs, sriov_numvfs    PF when sriov_totalvfs > 0
+//	<pf>/virtfnN                         -> ../<vf bdf> (VF index N)
+//	class/net/<if>/type, operstate       PF link type (1 ethernet, 32 infiniband) and state
+//
+// The PCIe root comes from k8s.io/dynamic-resource-allocation/deviceattribute
+// for each PF; a VF whose virtfn link points to a sibling directory of its PF
+// (always the case on Linux: VFs hang off the PF's parent bridge) shares the
+// PF's root, so it is not resolved again.
+//
+// vfio-noiommu: with vfio's enable_unsafe_noiommu_mode, binding a device
+// without an IOMMU group to vfio-pci makes vfio allocate a fake group whose
+// kernel/iommu_groups/<N>/name reads "vfio-noiommu"; its character device is
+// /dev/vfio/noiommu-<N> instead of /dev/vfio/<N>. VFIOGroupDevice reports that.
+//
+// Bad or partial sysfs (dangling links, unreadable or garbage files, a
+// missing numa_node) skips only the affected function with a log line naming
+// the path: a bad VF drops that VF, a bad PF drops the PF. Discovery as a whole
+// fails only when bus/pci/devices itself cannot be listed.
+//
+// Write side: Writer (RootWriter for a real host, simhost.Kernel for the
+// simulation) writes kernel attributes such as driver_override, bind and
+// unbind relative to the root.
+package sysfs
