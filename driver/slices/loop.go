@@ -1,0 +1,159 @@
+package slices
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+)
+
+// Discoverer reads the host's SR-IOV model (sysfs.New(root) in production).
+type Discoverer interface {
+	Discover(ctx context.Context) ([]sysfs.PF, error)
+}
+
+// Publisher publishes ResourceSlices (kubeletplugin.Helper in production).
+type Publisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// LoopOptions are the dependencies of a Loop.
+type LoopOptions struct {
+	NodeName   string
+	Discoverer Discoverer
+	// LoadConfig reads the node configuration; nil means no configuration.
+	// It is called on every scan, so an edited ConfigMap takes effect at the
+	// next rescan without a restart.
+	LoadConfig func() (*nodeconfig.Config, error)
+	// Owned reports VFs vfnet bound to vfio-pci itself (see discovery.Options).
+	Owned     func(vfAddress string) bool
+	Publisher Publisher
+	// OnScan, if set, sees every successful scan (the health monitor).
+	OnScan func(pfs []sysfs.PF, res discovery.Result)
+}
+
+// Loop rescans the host and republishes only when the offered devices or
+// their attributes changed.
+type Loop struct {
+	opts LoopOptions
+
+	mu        sync.Mutex
+	cfg       *nodeconfig.Config
+	haveCfg   bool
+	published []discovery.Device
+	didPub    bool
+	lastWhy   string
+	lastSkip  []discovery.Skipped
+	lastCfgEr string
+}
+
+// NewLoop returns a Loop; call Scan once at start-up, then Run.
+func NewLoop(opts LoopOptions) *Loop { return &Loop{opts: opts} }
+
+// Scan runs one discovery pass and publishes if anything changed. It
+// returns whether it published. A configuration error is returned while no
+// valid configuration was ever loaded (start-up must fail); later ones are
+// logged and the last valid configuration stays in effect.
+func (l *Loop) Scan(ctx context.Context) (bool, error) {
+	logger := klog.FromContext(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if l.opts.LoadConfig != nil {
+		cfg, err := l.opts.LoadConfig()
+		switch {
+		case err != nil && !l.haveCfg:
+			return false, err
+		case err != nil:
+			if msg := err.Error(); msg != l.lastCfgEr {
+				logger.Error(err, "Node configuration is invalid, keeping the previous one; fix the file")
+				l.lastCfgEr = msg
+			}
+		default:
+			l.cfg, l.haveCfg, l.lastCfgEr = cfg, true, ""
+		}
+	} else {
+		l.haveCfg = true
+	}
+
+	pfs, err := l.opts.Discoverer.Discover(ctx)
+	if err != nil {
+		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
+	}
+	res, err := discovery.Build(pfs, l.cfg, discovery.Options{Owned: l.opts.Owned})
+	if err != nil {
+		if !l.didPub {
+			return false, err
+		}
+		// The configuration matches some new PF twice: keep what is published.
+		logger.Error(err, "Node configuration is ambiguous for this host, keeping the published devices")
+		return false, nil
+	}
+	if l.opts.OnScan != nil {
+		l.opts.OnScan(pfs, res)
+	}
+	if !slices.Equal(res.Skipped, l.lastSkip) {
+		for _, s := range res.Skipped {
+			logger.Info("Not offering device", "address", s.Address, "reason", s.Reason)
+		}
+		l.lastSkip = res.Skipped
+	}
+	if l.didPub && sameDevices(l.published, res.Devices) {
+		return false, nil
+	}
+	if res.Why != "" && res.Why != l.lastWhy {
+		logger.Info(res.Why)
+	}
+	l.lastWhy = res.Why
+	if err := l.opts.Publisher.PublishResources(ctx, DriverResources(l.opts.NodeName, res.Devices)); err != nil {
+		return false, fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
+		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice))
+	l.published, l.didPub = res.Devices, true
+	return true, nil
+}
+
+// Run rescans every interval until ctx ends. Errors are logged, never fatal:
+// a transient sysfs or API problem must not take offered VFs away.
+func (l *Loop) Run(ctx context.Context, interval time.Duration) {
+	logger := klog.FromContext(ctx)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := l.Scan(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				logger.Error(err, "Rescan failed, will retry", "interval", interval)
+			}
+		}
+	}
+}
+
+// Published returns the devices last published.
+func (l *Loop) Published() []discovery.Device {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.published)
+}
+
+// sameDevices compares what ends up in the slices; the bound driver is not
+// published, so a VF moving to vfio-pci during prepare causes no churn.
+func sameDevices(a, b []discovery.Device) bool {
+	return slices.EqualFunc(a, b, func(x, y discovery.Device) bool {
+		x.Driver, y.Driver = "", ""
+		x.IOMMUGroup, y.IOMMUGroup = "", ""
+		return x == y
+	})
+}
