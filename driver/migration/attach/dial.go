@@ -1,0 +1,114 @@
+package attach
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultKubeletPodsDir is where the kubelet keeps pod volumes.
+const DefaultKubeletPodsDir = "/var/lib/kubelet/pods"
+
+// SocketName is the launcher's libvirt socket in the libvirt-runtime emptyDir.
+const SocketName = "virtqemud-sock"
+
+// RuntimeDir is the node path of a launcher pod's libvirt-runtime emptyDir,
+// mounted at /var/run/libvirt in its compute container.
+func RuntimeDir(podsDir, podUID string) string {
+	return filepath.Join(podsDir, podUID, "volumes", "kubernetes.io~empty-dir", "libvirt-runtime")
+}
+
+// Session is what the attach needs from one launcher's libvirt.
+type Session interface {
+	// DomainXML returns the live XML of the named domain.
+	DomainXML(domain string) (string, error)
+	// AttachLive hot-plugs a device into the running domain only.
+	AttachLive(domain, deviceXML string) error
+	Close() error
+}
+
+// Dialer opens a Session to the libvirt serving runtimeDir.
+type Dialer interface {
+	Dial(ctx context.Context, runtimeDir string) (Session, error)
+}
+
+// SessionDialer reaches the session virtqemud of a launcher pod with
+// go-libvirt. The node path of the socket is longer than a unix socket path
+// may be, so it dials /proc/self/fd/<fd>/virtqemud-sock through an O_PATH
+// descriptor of the directory; as root that needs only CAP_DAC_OVERRIDE
+// (the socket is owned by qemu, mode 0700).
+type SessionDialer struct {
+	// Timeout bounds the connect; zero means 5s.
+	Timeout time.Duration
+}
+
+// Dial connects with URI qemu:///session: the daemon refuses qemu:///system.
+func (d SessionDialer) Dial(ctx context.Context, runtimeDir string) (Session, error) {
+	fd, err := unix.Open(runtimeDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open launcher libvirt-runtime dir %s: %w", runtimeDir, err)
+	}
+	// The descriptor only has to live until the socket is connected.
+	defer func() { _ = unix.Close(fd) }()
+	timeout := d.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
+	sock := fmt.Sprintf("/proc/self/fd/%d/%s", fd, SocketName)
+	lv := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(sock), dialers.WithLocalTimeout(timeout)))
+	if err := lv.ConnectToURI(libvirt.QEMUSession); err != nil {
+		return nil, fmt.Errorf("connect to %s with %s: %w", filepath.Join(runtimeDir, SocketName), libvirt.QEMUSession, err)
+	}
+	s := &session{lv: lv, done: make(chan struct{})}
+	// go-libvirt calls take no context: drop the connection when ctx ends
+	// so a wedged daemon cannot hang the caller.
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = lv.Disconnect()
+		case <-s.done:
+		}
+	}()
+	return s, nil
+}
+
+type session struct {
+	lv   *libvirt.Libvirt
+	done chan struct{}
+}
+
+func (s *session) DomainXML(name string) (string, error) {
+	dom, err := s.lv.DomainLookupByName(name)
+	if err != nil {
+		return "", fmt.Errorf("look up domain %q: %w", name, err)
+	}
+	x, err := s.lv.DomainGetXMLDesc(dom, 0)
+	if err != nil {
+		return "", fmt.Errorf("get live XML of domain %q: %w", name, err)
+	}
+	return x, nil
+}
+
+func (s *session) AttachLive(name, deviceXML string) error {
+	dom, err := s.lv.DomainLookupByName(name)
+	if err != nil {
+		return fmt.Errorf("look up domain %q: %w", name, err)
+	}
+	if err := s.lv.DomainAttachDeviceFlags(dom, deviceXML, uint32(libvirt.DomainAffectLive)); err != nil {
+		return fmt.Errorf("attach device to domain %q: %w", name, err)
+	}
+	return nil
+}
+
+func (s *session) Close() error {
+	close(s.done)
+	return s.lv.Disconnect()
+}
