@@ -1,0 +1,195 @@
+// Package domain adds the VFIO hostdevs of vfnet binding interfaces to a
+// libvirt domain XML, the mutation vfnet-binding performs in KubeVirt's
+// OnDefineDomain hook.
+//
+// libvirtxml models only the elements it knows: a Domain round trip drops
+// unknown elements (and unknown children of known ones) and rewrites
+// namespace prefixes such as KubeVirt's qemu:commandline. So the domain is
+// never re-marshalled as a whole: the document is scanned token by token to
+// find <devices> and its <hostdev> children, and only our hostdevs (built
+// with libvirtxml) are spliced into the original bytes. Everything else in
+// the input is copied byte for byte.
+package domain
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/metadata"
+)
+
+// AliasPrefix is the alias prefix of every hostdev vfnet writes. It is the
+// one KubeVirt uses for its own SR-IOV hostdevs ("ua-" marks a user alias,
+// "sriov-" makes KubeVirt detach the device before a live migration).
+const AliasPrefix = "ua-sriov-"
+
+// Alias is the libvirt alias of the hostdev for VMI interface ifaceName.
+func Alias(ifaceName string) string { return AliasPrefix + ifaceName }
+
+// MetadataReader returns the device that backs a binding interface. Errors
+// must name the file they concern.
+type MetadataReader interface {
+	Read(ci kubevirtvmi.ClaimInterface) (*metadata.Device, error)
+}
+
+// InvalidInputError marks a failure caused by malformed input (domain XML
+// that is not a libvirt domain), as opposed to a missing precondition.
+type InvalidInputError struct{ Err error }
+
+func (e *InvalidInputError) Error() string { return e.Err.Error() }
+func (e *InvalidInputError) Unwrap() error { return e.Err }
+
+// Apply returns domainXML with one PCI hostdev for each interface of vmi
+// whose binding is bindingName, replacing any hostdev with the same alias
+// that an earlier call wrote. Interfaces of other bindings and every other
+// part of the document are left as they are.
+func Apply(domainXML []byte, vmi *kubevirtv1.VirtualMachineInstance, bindingName string, reader MetadataReader) ([]byte, error) {
+	return ApplyContext(context.Background(), domainXML, vmi, bindingName, reader)
+}
+
+// ApplyContext is Apply with the logger taken from ctx.
+func ApplyContext(ctx context.Context, domainXML []byte, vmi *kubevirtv1.VirtualMachineInstance, bindingName string, reader MetadataReader) ([]byte, error) {
+	if vmi == nil {
+		return nil, &InvalidInputError{errors.New("no VirtualMachineInstance given")}
+	}
+	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, bindingName)
+	if err != nil {
+		return nil, err
+	}
+	// Scan even when no interface uses the binding: the document must be a
+	// domain either way, and returning garbage unchanged would only move
+	// the failure to libvirt.
+	doc, err := scan(domainXML)
+	if err != nil {
+		return nil, &InvalidInputError{err}
+	}
+	if len(ifaces) == 0 {
+		return domainXML, nil
+	}
+	logger := klog.FromContext(ctx)
+	wanted := make([]hostdev, 0, len(ifaces))
+	sources := make(map[string]string, len(ifaces))
+	for _, ci := range ifaces {
+		h, err := buildHostdev(ci, reader)
+		if err != nil {
+			return nil, err
+		}
+		if other, dup := sources[h.source]; dup {
+			return nil, fmt.Errorf("%s: VF %s already backs interface %q; each vfnet interface needs its own claim request", describe(ci), h.source, other)
+		}
+		sources[h.source] = ci.Interface.Name
+		wanted = append(wanted, h)
+		logger.V(2).Info("VF hostdev for interface", "interface", ci.Interface.Name, "claim", ci.PodClaimName, "request", ci.RequestName, "pciBusID", h.source)
+	}
+	return doc.splice(domainXML, wanted)
+}
+
+// describe names an interface and its claim request for error messages.
+func describe(ci kubevirtvmi.ClaimInterface) string {
+	return fmt.Sprintf("interface %q (claim %q, request %q)", ci.Interface.Name, ci.PodClaimName, ci.RequestName)
+}
+
+type hostdev struct {
+	alias  string
+	source string // PCI address of the VF
+	el     *libvirtxml.DomainHostdev
+}
+
+func buildHostdev(ci kubevirtvmi.ClaimInterface, reader MetadataReader) (hostdev, error) {
+	iface := ci.Interface
+	if !validAliasName(iface.Name) {
+		return hostdev{}, fmt.Errorf("%s: the name cannot form a libvirt user alias (%s<name> allows only letters, digits, '-' and '_'); rename the interface", describe(ci), AliasPrefix)
+	}
+	dev, err := reader.Read(ci)
+	if err != nil {
+		return hostdev{}, fmt.Errorf("%s: %w", describe(ci), err)
+	}
+	src, err := parsePCI(dev.PCIBusID)
+	if err != nil {
+		return hostdev{}, fmt.Errorf("%s: metadata attribute %s %q: %w; the metadata file is damaged", describe(ci), metadata.PCIBusIDAttribute, dev.PCIBusID, err)
+	}
+	if iface.MacAddress != "" {
+		want, err := net.ParseMAC(iface.MacAddress)
+		if err != nil {
+			return hostdev{}, fmt.Errorf("%s: macAddress %q: %w; fix spec.domain.devices.interfaces[].macAddress", describe(ci), iface.MacAddress, err)
+		}
+		if hw := dev.HardwareAddress(); hw != "" {
+			got, err := net.ParseMAC(hw)
+			if err != nil || !bytes.Equal(got, want) {
+				return hostdev{}, fmt.Errorf("%s: VF %s carries MAC %q but the interface asks for %s; vfnet-driver sets the VMI's macAddress unless the claim's VFConfig sets another mac: make them agree, then restart the VM", describe(ci), dev.PCIBusID, hw, iface.MacAddress)
+			}
+		}
+	}
+	h := &libvirtxml.DomainHostdev{
+		Managed: "no",
+		SubsysPCI: &libvirtxml.DomainHostdevSubsysPCI{
+			Source: &libvirtxml.DomainHostdevSubsysPCISource{Address: src},
+		},
+		Alias: &libvirtxml.DomainAlias{Name: Alias(iface.Name)},
+	}
+	if iface.PciAddress != "" {
+		guest, err := parsePCI(iface.PciAddress)
+		if err != nil {
+			return hostdev{}, fmt.Errorf("%s: pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", describe(ci), iface.PciAddress, err)
+		}
+		h.Address = &libvirtxml.DomainAddress{PCI: guest}
+	}
+	if iface.BootOrder != nil {
+		h.Boot = &libvirtxml.DomainDeviceBoot{Order: *iface.BootOrder}
+	}
+	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: h}, nil
+}
+
+// validAliasName reports whether libvirt accepts ua-sriov-<name> as a user
+// alias; it also keeps the alias free of characters XML would escape, which
+// the by-alias replacement relies on.
+func validAliasName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// parsePCI parses a PCI address DDDD:BB:SS.F (hex, any case).
+func parsePCI(bdf string) (*libvirtxml.DomainAddressPCI, error) {
+	parts := strings.Split(bdf, ":")
+	if len(parts) != 3 {
+		return nil, errors.New("not a PCI address of the form 0000:3b:02.1")
+	}
+	sf := strings.Split(parts[2], ".")
+	if len(sf) != 2 {
+		return nil, errors.New("not a PCI address of the form 0000:3b:02.1")
+	}
+	fields := []struct {
+		s    string
+		max  uint64
+		what string
+	}{{parts[0], 0xffff, "domain"}, {parts[1], 0xff, "bus"}, {sf[0], 0x1f, "slot"}, {sf[1], 7, "function"}}
+	var v [4]uint
+	for i, f := range fields {
+		if f.s == "" || len(f.s) > 4 {
+			return nil, fmt.Errorf("PCI %s %q is not 1-4 hex digits", f.what, f.s)
+		}
+		n, err := strconv.ParseUint(f.s, 16, 16)
+		if err != nil || n > f.max {
+			return nil, fmt.Errorf("PCI %s %q is not a hex number up to %#x", f.what, f.s, f.max)
+		}
+		v[i] = uint(n)
+	}
+	return &libvirtxml.DomainAddressPCI{Domain: &v[0], Bus: &v[1], Slot: &v[2], Function: &v[3]}, nil
+}

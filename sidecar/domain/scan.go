@@ -1,0 +1,267 @@
+package domain
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// document records where, in the original bytes, the parts the mutation
+// touches are. Offsets are byte offsets into the input.
+type document struct {
+	hasDevices    bool
+	devStart      int // '<' of <devices>
+	devEnd        int // just past </devices> (or past <devices/>)
+	devSelfClosed bool
+	insertAt      int    // where a new hostdev goes: past the last child of <devices>
+	closeWS       string // whitespace right before </devices>
+	childWS       string // whitespace right before the first child of <devices>
+	domainClose   int    // '<' of </domain>
+	hostdevs      []existingHostdev
+}
+
+type existingHostdev struct {
+	start, end int
+	wsStart    int    // start of the whitespace run that precedes the element
+	ws         string // that whitespace
+	alias      string
+}
+
+type wsRun struct {
+	start, end int
+	text       string
+	ok         bool
+}
+
+func isSpace(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
+// scan tokenizes the whole document (so malformed XML is rejected here, not
+// by libvirt) and records the positions splice needs.
+func scan(data []byte) (*document, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, errors.New("domain XML is empty")
+	}
+	dec := xml.NewDecoder(bytes.NewReader(data))
+	doc := &document{domainClose: -1}
+	var (
+		depth     int
+		roots     int
+		inDevices bool
+		children  int
+		cur       *existingHostdev
+		prev      wsRun
+	)
+	for {
+		off := int(dec.InputOffset())
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("domain XML is not well-formed: %w", err)
+		}
+		end := int(dec.InputOffset())
+		ws := prev
+		prev = wsRun{}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			depth++
+			switch depth {
+			case 1:
+				roots++
+				if roots > 1 {
+					return nil, errors.New("domain XML has more than one root element")
+				}
+				if t.Name.Local != "domain" || t.Name.Space != "" {
+					return nil, fmt.Errorf("domain XML root element is <%s>, want <domain>", t.Name.Local)
+				}
+			case 2:
+				if t.Name.Local == "devices" && t.Name.Space == "" {
+					if doc.hasDevices {
+						return nil, errors.New("domain XML has more than one <devices> element")
+					}
+					doc.hasDevices, inDevices = true, true
+					doc.devStart, doc.insertAt = off, end
+				}
+			case 3:
+				if !inDevices {
+					break
+				}
+				if children == 0 && ws.ok {
+					doc.childWS = ws.text
+				}
+				children++
+				if t.Name.Local == "hostdev" && t.Name.Space == "" {
+					cur = &existingHostdev{start: off, wsStart: off}
+					if ws.ok {
+						cur.wsStart, cur.ws = ws.start, ws.text
+					}
+				}
+			case 4:
+				if cur != nil && t.Name.Local == "alias" && t.Name.Space == "" {
+					for _, a := range t.Attr {
+						if a.Name.Local == "name" && a.Name.Space == "" {
+							cur.alias = a.Value
+						}
+					}
+				}
+			}
+		case xml.EndElement:
+			switch depth {
+			case 1:
+				doc.domainClose = off
+			case 2:
+				if inDevices {
+					inDevices = false
+					doc.devEnd = end
+					doc.devSelfClosed = off == end
+					if ws.ok {
+						doc.closeWS = ws.text
+					}
+				}
+			case 3:
+				if inDevices {
+					doc.insertAt = end
+					if cur != nil {
+						cur.end = end
+						doc.hostdevs = append(doc.hostdevs, *cur)
+						cur = nil
+					}
+				}
+			}
+			depth--
+		case xml.CharData:
+			if isSpace(t) {
+				prev = wsRun{start: off, end: end, text: string(t), ok: true}
+			} else if depth == 0 {
+				return nil, errors.New("domain XML has text outside the root element")
+			}
+		}
+	}
+	if roots == 0 || doc.domainClose < 0 {
+		return nil, errors.New("domain XML has no <domain> element")
+	}
+	return doc, nil
+}
+
+type edit struct {
+	start, end int
+	text       []byte
+}
+
+// afterNewline returns the indentation part of a whitespace run: what
+// follows its last newline, and whether it had one.
+func afterNewline(ws string) (string, bool) {
+	i := strings.LastIndexByte(ws, '\n')
+	if i < 0 {
+		return "", false
+	}
+	return ws[i+1:], true
+}
+
+func marshalHostdev(h hostdev, prefix, unit string, pretty bool) ([]byte, error) {
+	var (
+		b   []byte
+		err error
+	)
+	if pretty {
+		b, err = xml.MarshalIndent(h.el, prefix, unit)
+	} else {
+		b, err = xml.Marshal(h.el)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("marshal hostdev %s: %w", h.alias, err)
+	}
+	return b, nil
+}
+
+// splice writes wanted into data: a hostdev whose alias is already present
+// replaces the first such element in place (later duplicates are removed);
+// the others are appended after the last child of <devices>.
+func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
+	closeIndent, pretty := afterNewline(d.closeWS)
+	childIndent, ok := afterNewline(d.childWS)
+	if !ok {
+		childIndent = closeIndent + "\t"
+	}
+	unit := "\t"
+	if strings.HasPrefix(childIndent, closeIndent) && len(childIndent) > len(closeIndent) {
+		unit = childIndent[len(closeIndent):]
+	}
+
+	byAlias := make(map[string]int, len(wanted))
+	for i, h := range wanted {
+		byAlias[h.alias] = i
+	}
+	placed := make([]bool, len(wanted))
+	var edits []edit
+	for _, e := range d.hostdevs {
+		i, ours := byAlias[e.alias]
+		if !ours {
+			continue
+		}
+		if placed[i] {
+			edits = append(edits, edit{start: e.wsStart, end: e.end})
+			continue
+		}
+		placed[i] = true
+		indent, nl := afterNewline(e.ws)
+		b, err := marshalHostdev(wanted[i], indent, unit, nl)
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, edit{start: e.start, end: e.end, text: b[len(indent):]})
+	}
+
+	var add bytes.Buffer
+	for i, h := range wanted {
+		if placed[i] {
+			continue
+		}
+		b, err := marshalHostdev(h, childIndent, unit, pretty)
+		if err != nil {
+			return nil, err
+		}
+		if pretty {
+			add.WriteByte('\n')
+		}
+		add.Write(b)
+	}
+	if add.Len() > 0 {
+		switch {
+		case !d.hasDevices:
+			text := append([]byte("<devices>"), add.Bytes()...)
+			edits = append(edits, edit{start: d.domainClose, end: d.domainClose, text: append(text, "</devices>"...)})
+		case d.devSelfClosed:
+			text := append([]byte("<devices>"), add.Bytes()...)
+			edits = append(edits, edit{start: d.devStart, end: d.devEnd, text: append(text, "</devices>"...)})
+		default:
+			edits = append(edits, edit{start: d.insertAt, end: d.insertAt, text: add.Bytes()})
+		}
+	}
+
+	sort.SliceStable(edits, func(a, b int) bool { return edits[a].start < edits[b].start })
+	size := len(data)
+	for _, e := range edits {
+		size += len(e.text) - (e.end - e.start)
+	}
+	out := make([]byte, 0, size)
+	pos := 0
+	for _, e := range edits {
+		out = append(out, data[pos:e.start]...)
+		out = append(out, e.text...)
+		pos = e.end
+	}
+	return append(out, data[pos:]...), nil
+}
