@@ -1,0 +1,154 @@
+// Package maclookup finds the MAC address a KubeVirt VM expects on the VF a
+// claim gives it: the macAddress of the VMI interface whose network is backed
+// by this claim and request.
+package maclookup
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+)
+
+// VMIResource is the KubeVirt VMI resource the lookup reads.
+var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
+
+// VMIGetter reads one VMI.
+type VMIGetter interface {
+	GetVMI(ctx context.Context, namespace, name string) (*kubevirtv1.VirtualMachineInstance, error)
+}
+
+// DynamicVMIGetter reads VMIs through a dynamic client, so the driver needs
+// no KubeVirt client library.
+type DynamicVMIGetter struct{ Client dynamic.Interface }
+
+// GetVMI implements VMIGetter.
+func (g DynamicVMIGetter) GetVMI(ctx context.Context, namespace, name string) (*kubevirtv1.VirtualMachineInstance, error) {
+	u, err := g.Client.Resource(VMIResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var vmi kubevirtv1.VirtualMachineInstance
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vmi); err != nil {
+		return nil, fmt.Errorf("decode VirtualMachineInstance %s/%s: %w", namespace, name, err)
+	}
+	return &vmi, nil
+}
+
+// Lookup finds VM interface MACs for claims.
+type Lookup struct {
+	Kube kubernetes.Interface
+	VMIs VMIGetter
+	// BindingName is the binding plugin name in the KubeVirt CR ("vfnet").
+	BindingName string
+}
+
+// Result says where a MAC came from, for logs and errors.
+type Result struct {
+	MAC       net.HardwareAddr
+	VMI       string // namespace/name
+	Interface string
+}
+
+// MACFor returns the macAddress of the VMI interface backed by claim's
+// request (a subrequest "req/sub" matches networks naming "req"). found is
+// false when no consuming pod is a VMI launcher, the VMI or pod is gone, or
+// the interface sets no MAC: the VF then keeps its MAC. API errors are
+// returned so the kubelet retries.
+func (l Lookup) MACFor(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (Result, bool, error) {
+	logger := klog.FromContext(ctx)
+	base, _, _ := strings.Cut(request, "/")
+	binding := l.BindingName
+	if binding == "" {
+		binding = kubevirtvmi.DefaultBindingName
+	}
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.APIGroup != "" || ref.Resource != "pods" {
+			continue
+		}
+		pod, err := l.Kube.CoreV1().Pods(claim.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return Result{}, false, fmt.Errorf("get pod %s/%s reserving claim %s: %w", claim.Namespace, ref.Name, claim.Name, err)
+		}
+		if pod.UID != ref.UID {
+			continue // a newer pod with the same name; not our consumer
+		}
+		owner := vmiOwner(pod)
+		if owner == nil {
+			continue
+		}
+		podClaimName, ok := podClaimName(claim, pod)
+		if !ok {
+			logger.V(4).Info("Pod does not reference the claim", "pod", klog.KObj(pod), "claim", klog.KObj(claim))
+			continue
+		}
+		if l.VMIs == nil {
+			return Result{}, false, fmt.Errorf("claim %s/%s is used by VirtualMachineInstance %s/%s but the driver has no VMI client", claim.Namespace, claim.Name, pod.Namespace, owner.Name)
+		}
+		vmi, err := l.VMIs.GetVMI(ctx, pod.Namespace, owner.Name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return Result{}, false, fmt.Errorf("get VirtualMachineInstance %s/%s owning pod %s: %w", pod.Namespace, owner.Name, pod.Name, err)
+		}
+		if vmi.UID != owner.UID {
+			continue
+		}
+		ci, found, err := kubevirtvmi.InterfaceForClaim(vmi, binding, podClaimName, base)
+		if err != nil {
+			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s: %w", vmi.Namespace, vmi.Name, err)
+		}
+		if !found || ci.Interface.MacAddress == "" {
+			continue
+		}
+		mac, err := v1alpha1.ParseMAC(ci.Interface.MacAddress)
+		if err != nil {
+			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s interface %q: %w", vmi.Namespace, vmi.Name, ci.Interface.Name, err)
+		}
+		return Result{MAC: mac, VMI: vmi.Namespace + "/" + vmi.Name, Interface: ci.Interface.Name}, true, nil
+	}
+	return Result{}, false, nil
+}
+
+func vmiOwner(pod *corev1.Pod) *metav1.OwnerReference {
+	for i, o := range pod.OwnerReferences {
+		gv, err := schema.ParseGroupVersion(o.APIVersion)
+		if err == nil && gv.Group == VMIResource.Group && o.Kind == "VirtualMachineInstance" {
+			return &pod.OwnerReferences[i]
+		}
+	}
+	return nil
+}
+
+// podClaimName is the name the pod (and the VMI) give the claim:
+// the pod-claim-name annotation of a claim made from a template, else the
+// pod's resourceClaims entry that names the claim directly.
+func podClaimName(claim *resourceapi.ResourceClaim, pod *corev1.Pod) (string, bool) {
+	if n, ok := claim.Annotations[resourceapi.PodResourceClaimAnnotation]; ok {
+		return n, true
+	}
+	for _, rc := range pod.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil && *rc.ResourceClaimName == claim.Name {
+			return rc.Name, true
+		}
+	}
+	return "", false
+}
