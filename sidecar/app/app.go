@@ -1,0 +1,64 @@
+// Package app is vfnet-binding's command line: flags, environment, logging
+// and the server's lifetime. cmd/vfnet-binding only wires it to os.
+package app
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/sidecar/server"
+)
+
+// BindingNameEnv is set by virt-controller on every binding sidecar container.
+const BindingNameEnv = "NETWORK_BINDING_PLUGIN_NAME"
+
+// Options are vfnet-binding's settings.
+type Options struct {
+	SocketDir    string
+	MetadataRoot string
+	BindingName  string
+}
+
+// Parse reads flags from args and the binding name from getenv.
+func Parse(args []string, getenv func(string) string, stderr io.Writer) (Options, error) {
+	fs := flag.NewFlagSet("vfnet-binding", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := Options{}
+	fs.StringVar(&o.SocketDir, "socket-dir", server.DefaultSocketDir, "directory to create the hooks socket in (KubeVirt mounts it)")
+	fs.StringVar(&o.MetadataRoot, "metadata-root", metadata.DefaultRoot, "where the kubelet mounts DRA device metadata")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.BindingName = getenv(BindingNameEnv)
+	if o.BindingName == "" {
+		o.BindingName = kubevirtvmi.DefaultBindingName
+	}
+	return o, nil
+}
+
+// Run serves until ctx is cancelled (SIGTERM) or virt-launcher calls
+// Shutdown; both are a clean exit.
+func Run(ctx context.Context, o Options) error {
+	logger := klog.FromContext(ctx).WithValues("binding", o.BindingName)
+	ctx = klog.NewContext(ctx, logger)
+	s, err := server.New(ctx, server.Config{
+		SocketDir:   o.SocketDir,
+		BindingName: o.BindingName,
+		Reader:      metadata.FileReader{Root: o.MetadataRoot},
+	})
+	if err != nil {
+		return err
+	}
+	logger.Info("vfnet-binding starting", "socket", s.Path(), "metadataRoot", o.MetadataRoot)
+	return s.Serve(ctx)
+}
