@@ -164,8 +164,30 @@ func Decode(data []byte) (*Device, error) {
 	if !ok || attr.StringValue == nil || *attr.StringValue == "" {
 		return nil, fmt.Errorf("device %q has no string attribute %s; vfnet-driver always publishes it, so the file is damaged or from another writer", found.Name, PCIBusIDAttribute)
 	}
+	if !ValidPCIBusID(*attr.StringValue) {
+		return nil, fmt.Errorf("device %q: attribute %s %q is not a lower-case PCI address like 0000:3b:02.1; the file is damaged or from another writer", found.Name, PCIBusIDAttribute, *attr.StringValue)
+	}
 	d.PCIBusID = *attr.StringValue
 	return d, nil
+}
+
+// ValidPCIBusID reports whether s is a PCI address in the canonical form the
+// kernel and the standard attribute use: dddd:bb:ss.f, lower-case hex, slot
+// at most 0x1f, function at most 7.
+func ValidPCIBusID(s string) bool {
+	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
+		return false
+	}
+	for i, c := range []byte(s) {
+		switch i {
+		case 4, 7, 10:
+			continue
+		}
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return s[8] <= '1' && s[11] <= '7'
 }
 
 // IsNotExist reports whether err says a metadata file or directory is missing.

@@ -20,8 +20,8 @@ import (
 	"strconv"
 	"strings"
 
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"k8s.io/klog/v2"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"

@@ -76,7 +76,7 @@ func TestQ35WithoutAddressOrBoot(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:3b:02.1", "02:00:00:00:00:01")
-	vmi := newVMI().vfnet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02:00:00:00:00:01" }).build()
+	vmi := newVMI().VFNet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02:00:00:00:00:01" }).Build()
 	in := readTestdata(t, "q35.xml")
 	out := apply(t, in, vmi, root)
 
@@ -102,9 +102,9 @@ func TestQ35WithAddressAndBoot(t *testing.T) {
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:af:10.7", "")
 	boot := uint(1)
-	vmi := newVMI().vfnet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) {
+	vmi := newVMI().VFNet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) {
 		i.PciAddress, i.BootOrder = "0000:0A:01.0", &boot
-	}).build()
+	}).Build()
 	in := readTestdata(t, "q35.xml")
 	out := apply(t, in, vmi, root)
 	insertion(t, in, out)
@@ -118,10 +118,10 @@ func TestTwoVFsMasqueradeAndOtherBinding(t *testing.T) {
 	writeVF(t, root, "net-a", "vf", "0000:3b:02.1", "02:00:00:00:00:0a")
 	writeVF(t, root, "net-b", "vf", "0000:3b:02.2", "02:00:00:00:00:0b")
 	vmi := newVMI().
-		vfnet("data-a", "net-a", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02:00:00:00:00:0A" }).
-		other("tap-net", "passt").
-		vfnet("data-b", "net-b", "vf", nil).
-		build()
+		VFNet("data-a", "net-a", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02:00:00:00:00:0A" }).
+		Other("tap-net", "passt").
+		VFNet("data-b", "net-b", "vf", nil).
+		Build()
 	in := readTestdata(t, "q35.xml")
 	out := apply(t, in, vmi, root)
 	block := insertion(t, in, out)
@@ -139,7 +139,7 @@ func TestTwoVFsMasqueradeAndOtherBinding(t *testing.T) {
 
 func TestNoBindingInterfaceLeavesDomainAlone(t *testing.T) {
 	t.Parallel()
-	vmi := newVMI().other("tap-net", "passt").build()
+	vmi := newVMI().Other("tap-net", "passt").Build()
 	in := readTestdata(t, "q35.xml")
 	out := apply(t, in, vmi, t.TempDir())
 	if !bytes.Equal(in, out) {
@@ -152,7 +152,7 @@ func TestDirectClaimUsesResourceClaimName(t *testing.T) {
 	root := t.TempDir()
 	c := metadata.ClaimPath(root, "shared-vf-claim", "vf")
 	writeAt(t, c, "0000:3b:03.0")
-	vmi := newVMI().vfnet("dra-net", "net", "vf", nil).direct("net", "shared-vf-claim").build()
+	vmi := newVMI().VFNet("dra-net", "net", "vf", nil).Direct("net", "shared-vf-claim").Build()
 	out := apply(t, readTestdata(t, "q35.xml"), vmi, root)
 	checkHostdev(t, hostdevs(t, out)["ua-sriov-dra-net"], "0000:3b:03.0", "", 0)
 }
@@ -165,8 +165,8 @@ func TestIdempotent(t *testing.T) {
 	writeVF(t, root, "net-a", "vf", "0000:3b:02.1", "")
 	writeVF(t, root, "net-b", "vf", "0000:3b:02.2", "")
 	boot := uint(2)
-	vmi := newVMI().vfnet("data-a", "net-a", "vf", func(i *kubevirtv1.Interface) { i.PciAddress, i.BootOrder = "0000:09:00.0", &boot }).
-		vfnet("data-b", "net-b", "vf", nil).build()
+	vmi := newVMI().VFNet("data-a", "net-a", "vf", func(i *kubevirtv1.Interface) { i.PciAddress, i.BootOrder = "0000:09:00.0", &boot }).
+		VFNet("data-b", "net-b", "vf", nil).Build()
 	for _, name := range []string{"q35.xml", "compact.xml", "selfclosing-devices.xml", "no-devices.xml"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -191,7 +191,7 @@ func TestReplaceByAlias(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:3b:02.1", "")
-	vmi := newVMI().vfnet("dra-net", "net", "vf", nil).build()
+	vmi := newVMI().VFNet("dra-net", "net", "vf", nil).Build()
 	in := readTestdata(t, "earlier-call.xml")
 	out := apply(t, in, vmi, root)
 	hs := hostdevs(t, out)
@@ -223,7 +223,7 @@ func TestPreservesEverythingElse(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:3b:02.1", "")
-	vmi := newVMI().vfnet("dra-net", "net", "vf", nil).build()
+	vmi := newVMI().VFNet("dra-net", "net", "vf", nil).Build()
 	in := readTestdata(t, "unknown-elements.xml")
 	block := insertion(t, in, apply(t, in, vmi, root))
 	if bytes.Count(block, []byte("<hostdev ")) != 1 {
