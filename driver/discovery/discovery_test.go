@@ -1,0 +1,274 @@
+package discovery
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+)
+
+func mixedPFs(t *testing.T) []sysfs.PF {
+	t.Helper()
+	h, err := simhost.Build(t.TempDir(), simhost.MixedHost())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pfs
+}
+
+func pfAt(t *testing.T, pfs []sysfs.PF, addr string) sysfs.PF {
+	t.Helper()
+	for _, pf := range pfs {
+		if pf.Address == addr {
+			return pf
+		}
+	}
+	t.Fatalf("fixture has no PF %s", addr)
+	return sysfs.PF{}
+}
+
+func config(t *testing.T, body string) *nodeconfig.Config {
+	t.Helper()
+	cfg, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\n"+body), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func names(devs []Device) string {
+	var out []string
+	for _, d := range devs {
+		out = append(out, d.Name)
+	}
+	return strings.Join(out, " ")
+}
+
+func TestBuildMixedHost(t *testing.T) {
+	t.Parallel()
+	pfs := mixedPFs(t)
+	// Listed out of address order on purpose: output follows PF address.
+	cfg := config(t, `pfs:
+- pfName: ens8f0np0
+  network: physnet-b
+- vendorID: "8086"
+  deviceID: "1593"
+  network: physnet-a
+- pciAddress: "0000:01:00.0"
+  network: physnet-c
+  vfs: [1]
+- pfName: enp2s0
+  network: plain
+`)
+	res, err := Build(pfs, cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// I350 (bus 01) VF 1 only; E810 port 0 VFs 0,1,3 (VF 2 is on vfio-pci,
+	// port 1 has numvfs=0); ConnectX-6 Dx (bus d8) VFs 0-3. The plain NIC has
+	// no SR-IOV and is not a PF at all.
+	var want []string
+	for _, pf := range pfs {
+		for _, vf := range pf.VFs {
+			n, _ := DeviceName(vf.Address)
+			switch {
+			case pf.Address == "0000:01:00.0" && vf.Index == 1,
+				pf.Address == "0000:3b:00.0" && vf.Index != 2,
+				pf.Address == "0000:d8:00.0":
+				want = append(want, n)
+			}
+		}
+	}
+	if got := names(res.Devices); got != strings.Join(want, " ") || len(want) != 8 {
+		t.Fatalf("devices\n got %s\nwant %s", got, strings.Join(want, " "))
+	}
+	if res.Why != "" {
+		t.Errorf("Why = %q with devices", res.Why)
+	}
+	if len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "vfio-pci") {
+		t.Errorf("Skipped = %+v, want the vfio-pci VF", res.Skipped)
+	}
+
+	byPF := map[string]Device{}
+	for _, d := range res.Devices {
+		byPF[d.PFAddress] = d
+		bdf, err := ParseDeviceName(d.Name)
+		if err != nil || bdf != d.Address {
+			t.Errorf("ParseDeviceName(%s) = %s, %v; want %s", d.Name, bdf, err, d.Address)
+		}
+	}
+	igb := byPF["0000:01:00.0"]
+	attrs := igb.Attributes()
+	if _, ok := attrs["resource.kubernetes.io/numaNode"]; ok {
+		t.Errorf("numa_node -1 must not publish numaNode: %v", attrs)
+	}
+	checkString(t, attrs, "vfnet.io/network", "physnet-c")
+	checkString(t, attrs, "vfnet.io/pfName", "enp1s0f0")
+	checkString(t, attrs, "vfnet.io/vendorID", "8086")
+	checkString(t, attrs, "vfnet.io/deviceID", "1520")
+	checkInt(t, attrs, "vfnet.io/vfIndex", 1)
+
+	cx := byPF["0000:d8:00.0"]
+	attrs = cx.Attributes()
+	checkInt(t, attrs, "resource.kubernetes.io/numaNode", 1)
+	checkString(t, attrs, "resource.kubernetes.io/pciBusID", cx.Address)
+	checkString(t, attrs, "resource.kubernetes.io/pcieRoot", "pci0000:d7")
+	checkString(t, attrs, "vfnet.io/pfPciAddress", "0000:d8:00.0")
+	checkString(t, attrs, "vfnet.io/linkType", "ethernet")
+	checkString(t, attrs, "vfnet.io/deviceID", "101e")
+	checkString(t, attrs, "vfnet.io/vendorID", "15b3")
+	checkString(t, attrs, "vfnet.io/network", "physnet-b")
+	checkInt(t, attrs, "vfnet.io/vfIndex", 3)
+	if len(attrs) != 10 {
+		t.Errorf("ConnectX VF has %d attributes, want 10: %v", len(attrs), attrs)
+	}
+}
+
+func checkString(t *testing.T, attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name, want string) {
+	t.Helper()
+	a, ok := attrs[resourceapi.QualifiedName(name)]
+	if !ok || a.StringValue == nil || *a.StringValue != want {
+		t.Errorf("attribute %s = %+v, want string %q", name, a, want)
+	}
+}
+
+func checkInt(t *testing.T, attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, name string, want int64) {
+	t.Helper()
+	a, ok := attrs[resourceapi.QualifiedName(name)]
+	if !ok || a.IntValue == nil || *a.IntValue != want {
+		t.Errorf("attribute %s = %+v, want int %d", name, a, want)
+	}
+}
+
+func TestBuildOwnedVFIOVFIsOffered(t *testing.T) {
+	t.Parallel()
+	pfs := mixedPFs(t)
+	cfg := config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n")
+	e810 := pfAt(t, pfs, "0000:3b:00.0")
+	vfio := e810.VFs[2].Address
+	if e810.VFs[2].Driver != VFIODriver {
+		t.Fatalf("fixture changed: %+v", e810.VFs[2])
+	}
+	res, err := Build(pfs, cfg, Options{Owned: func(a string) bool { return a == vfio }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 4 || len(res.Skipped) != 0 || res.Devices[2].Address != vfio {
+		t.Fatalf("owned vfio-pci VF must stay offered: %s, skipped %+v", names(res.Devices), res.Skipped)
+	}
+}
+
+func TestBuildNothing(t *testing.T) {
+	t.Parallel()
+	pfs := mixedPFs(t)
+	for name, tc := range map[string]struct {
+		cfg  *nodeconfig.Config
+		want string
+	}{
+		"no config":        {nil, "no node configuration given"},
+		"selects no PF":    {config(t, "pfs:\n- pfName: eth9\n  network: a\n"), "node.yaml selects none of the 4 SR-IOV PFs"},
+		"empty list":       {config(t, "pfs: []\n"), "selects none"},
+		"numvfs zero":      {config(t, "pfs:\n- pfName: enp59s0f1\n  network: a\n"), "none has an offerable VF"},
+		"vfs beyond count": {config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n  vfs: [\"10-20\"]\n"), "none has an offerable VF"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			res, err := Build(pfs, tc.cfg, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Devices) != 0 || !strings.Contains(res.Why, tc.want) || strings.Contains(res.Why, "\n") {
+				t.Fatalf("devices %s, Why %q; want one line containing %q", names(res.Devices), res.Why, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildOverlapIsError(t *testing.T) {
+	t.Parallel()
+	pfs := mixedPFs(t)
+	_, err := Build(pfs, config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n- pciAddress: \"0000:3b:00.0\"\n  network: b\n"), Options{})
+	if err == nil || !strings.Contains(err.Error(), "matched by pfs[0] and pfs[1]") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestBuildPFWithoutNetdevSkipped(t *testing.T) {
+	t.Parallel()
+	pfs := []sysfs.PF{{Function: sysfs.Function{Address: "0000:3b:00.0", VendorID: "8086", DeviceID: "1593", Driver: "vfio-pci"}, TotalVFs: 4, NumVFs: 1,
+		VFs: []sysfs.VF{{Function: sysfs.Function{Address: "0000:3b:01.0"}, Index: 0, PFAddress: "0000:3b:00.0"}}}}
+	res, err := Build(pfs, config(t, "pfs:\n- pciAddress: \"0000:3b:00.0\"\n  network: a\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "no netdev") {
+		t.Fatalf("res = %+v", res)
+	}
+}
+
+func TestDeviceNames(t *testing.T) {
+	t.Parallel()
+	for bdf, want := range map[string]string{"0000:3b:02.1": "vf-0000-3b-02-1", "10000:e1:1f.7": "vf-10000-e1-1f-7"} {
+		got, err := DeviceName(bdf)
+		if err != nil || got != want {
+			t.Errorf("DeviceName(%s) = %s, %v", bdf, got, err)
+		}
+		back, err := ParseDeviceName(got)
+		if err != nil || back != bdf {
+			t.Errorf("ParseDeviceName(%s) = %s, %v", got, back, err)
+		}
+	}
+	for _, bad := range []string{"0000:3B:02.1", "3b:02.1", "0000:3b:20.1", "0000:3b:02.8", ""} {
+		if _, err := DeviceName(bad); err == nil {
+			t.Errorf("DeviceName(%q) accepted", bad)
+		}
+	}
+	for _, bad := range []string{"vf-0000-3b-02", "gpu-0000-3b-02-1", "vf-0000-3B-02-1", "vf-0000-3b-02-1-x"} {
+		if _, err := ParseDeviceName(bad); err == nil {
+			t.Errorf("ParseDeviceName(%q) accepted", bad)
+		}
+	}
+}
+
+func TestFind(t *testing.T) {
+	t.Parallel()
+	pfs := mixedPFs(t)
+	vf := pfAt(t, pfs, "0000:3b:00.0").VFs[3]
+	name, _ := DeviceName(vf.Address)
+	ref, err := Find(pfs, name)
+	if err != nil || ref.PFAddress != "0000:3b:00.0" || ref.PFName != "enp59s0f0" || ref.VFIndex != 3 || ref.Address != vf.Address {
+		t.Fatalf("Find = %+v, %v", ref, err)
+	}
+	if _, err := Find(pfs, "vf-0000-ff-00-0"); err == nil || !strings.Contains(err.Error(), "no VF at 0000:ff:00.0") {
+		t.Fatalf("Find of a missing VF: %v", err)
+	}
+}
+
+func TestCompareBDF(t *testing.T) {
+	t.Parallel()
+	ordered := []string{"0000:01:00.0", "0000:3b:00.0", "0000:3b:00.1", "0000:3b:1f.0", "0000:d8:00.0", "0001:00:00.0", "10000:00:00.0", "junk"}
+	for i := range ordered {
+		for j := range ordered {
+			got := CompareBDF(ordered[i], ordered[j])
+			want := 0
+			if i < j {
+				want = -1
+			} else if i > j {
+				want = 1
+			}
+			if got != want {
+				t.Errorf("CompareBDF(%s, %s) = %d, want %d", ordered[i], ordered[j], got, want)
+			}
+		}
+	}
+}
