@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -492,6 +493,7 @@ func (h *Host) build() error {
 		}
 	}
 	// Plain functions and PFs, in address order.
+	var vfJobs []vfJob
 	all := sortedKeys(h.funcs)
 	for _, bdf := range all {
 		f := h.funcs[bdf]
@@ -520,19 +522,42 @@ func (h *Host) build() error {
 			}
 		}
 		if pf := h.pfs[bdf]; pf != nil && pf.NumVFs > 0 {
-			if err := h.enableVFs(pf, fr.dir, pf.NumVFs, func() int {
+			base := nextGroup
+			if !s.NoIOMMU {
+				nextGroup += pf.NumVFs
+			}
+			vfJobs = append(vfJobs, vfJob{pf, fr.dir, base})
+		}
+	}
+	// VFs of different PFs touch disjoint parts of the tree: create them in
+	// parallel (the group numbers were reserved above, so they stay stable).
+	errs := make([]error, len(vfJobs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, j := range vfJobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			next := j.base
+			errs[i] = h.enableVFs(j.pf, j.dir, j.pf.NumVFs, func() int {
 				if s.NoIOMMU {
 					return -1
 				}
-				g := nextGroup
-				nextGroup++
-				return g
-			}, true); err != nil {
-				return err
-			}
-		}
+				next++
+				return next - 1
+			}, true)
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+type vfJob struct {
+	pf   *PFSpec
+	dir  string
+	base int
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -559,12 +584,12 @@ func (h *Host) createDriver(drv string) error {
 
 // fnRec is one function to create.
 type fnRec struct {
-	bdf, dir               string
-	vendor, device, class  string
-	numa                   int
-	noNUMA                 bool
-	group                  int // -1: none
-	physfn                 string
+	bdf, dir              string
+	vendor, device, class string
+	numa                  int
+	noNUMA                bool
+	group                 int // -1: none
+	physfn                string
 }
 
 // createFunction makes the device directory, its attributes, the
@@ -576,7 +601,7 @@ func (h *Host) createFunction(f fnRec) error {
 	}
 	attrs := []struct{ name, content string }{
 		{"vendor", "0x" + f.vendor}, {"device", "0x" + f.device}, {"class", f.class},
-		{"driver_override", "(null)"}, {"enable", "1"},
+		{"driver_override", "(null)"},
 	}
 	if !f.noNUMA {
 		attrs = append(attrs, struct{ name, content string }{"numa_node", strconv.Itoa(f.numa)})
@@ -595,31 +620,33 @@ func (h *Host) createFunction(f fnRec) error {
 		}
 	}
 	if f.group >= 0 {
-		if err := h.joinGroup(f.group, f.bdf, f.dir, false); err != nil {
+		if err := h.joinGroup(f.group, f.bdf, f.dir, false, true); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (h *Host) joinGroup(group int, bdf, dir string, noiommu bool) error {
+// joinGroup adds a device to an IOMMU group, creating the group unless it
+// may exist already (fresh: the caller knows it is new). Only noiommu groups
+// get attribute files (name, type): nothing reads the others, and a 1024-VF
+// host would pay thousands of file creations for them.
+func (h *Host) joinGroup(group int, bdf, dir string, noiommu, fresh bool) error {
 	g := iommuDir + "/" + strconv.Itoa(group)
-	if !h.t.exists(g) {
+	if fresh || !h.t.exists(g) {
 		if err := h.t.mkdir(g); err != nil {
 			return err
 		}
 		if err := h.t.mkdir(g + "/devices"); err != nil {
 			return err
 		}
-		typ := "DMA-FQ"
 		if noiommu {
-			typ = "identity"
 			if err := h.t.write(g+"/name", sysfs.NoIOMMUGroupName+"\n", 0o444); err != nil {
 				return err
 			}
-		}
-		if err := h.t.write(g+"/type", typ+"\n", 0o644); err != nil {
-			return err
+			if err := h.t.write(g+"/type", "identity\n", 0o444); err != nil {
+				return err
+			}
 		}
 	}
 	if err := h.t.link(g+"/devices/"+bdf, dir); err != nil {
@@ -651,7 +678,7 @@ func (h *Host) enableVFs(pf *PFSpec, pfDir string, n int, nextGroup func() int, 
 		}
 		drv := ""
 		if autoprobe {
-			drv = h.matchDriver(bdf, fr.dir, "")
+			drv = h.matchID(pf.VendorID + ":" + pf.VFDeviceID)
 		}
 		if atBuild {
 			if d, ok := pf.VFDrivers[i]; ok {
@@ -684,7 +711,11 @@ func (h *Host) matchDriver(bdf, dir, override string) string {
 	}
 	vendor, _ := h.t.read(dir + "/vendor")
 	device, _ := h.t.read(dir + "/device")
-	id := strings.TrimPrefix(vendor, "0x") + ":" + strings.TrimPrefix(device, "0x")
+	return h.matchID(strings.TrimPrefix(vendor, "0x") + ":" + strings.TrimPrefix(device, "0x"))
+}
+
+// matchID returns the first loaded driver (by name) whose ID table has id.
+func (h *Host) matchID(id string) string {
 	for _, drv := range sortedKeys(h.ids) {
 		if h.ids[drv][id] && h.t.exists(pciDrivers+"/"+drv) {
 			return drv
@@ -755,7 +786,7 @@ func (h *Host) vfioProbe(bdf, dir string) error {
 		if err != nil {
 			return err
 		}
-		if err := h.joinGroup(n, bdf, dir, true); err != nil {
+		if err := h.joinGroup(n, bdf, dir, true, true); err != nil {
 			return err
 		}
 		g = iommuDir + "/" + strconv.Itoa(n)

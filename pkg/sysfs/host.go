@@ -7,9 +7,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -135,17 +137,24 @@ func (h *Host) Function(bdf string) (Function, error) {
 func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 	logger := klog.FromContext(ctx)
 	devDir := filepath.Join(h.root, PCIDevicesDir)
-	ents, err := os.ReadDir(devDir)
+	names, err := readDirNames(devDir)
 	if err != nil {
 		return nil, fmt.Errorf("list PCI functions in %s (check --sysfs-root): %w", devDir, err)
 	}
+	slices.Sort(names)
+	// Phase 1, sequential: find the PFs and their virtfn links. A VF's
+	// routing ID is its PF's plus a non-zero offset, so in address order
+	// every PF comes before its VFs and those entries need no probing.
 	s := newScanner(h, logger)
-	var pfs []PF
-	for _, e := range ents {
+	var jobs []*pfJob
+	isVF := map[string]bool{}
+	for _, bdf := range names {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		bdf := e.Name()
+		if isVF[bdf] {
+			continue
+		}
 		if !ValidBDF(bdf) {
 			logger.Info("Skipping PCI function: entry name is not a PCI address", "path", filepath.Join(devDir, bdf))
 			continue
@@ -171,16 +180,99 @@ func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 		if total == 0 {
 			continue
 		}
-		pf, err := s.readPF(bdf, total)
+		job, err := s.findVFs(bdf, total)
 		if err != nil {
 			s.skip(filepath.Join(devDir, bdf), err)
 			continue
 		}
-		pfs = append(pfs, pf)
+		for _, l := range job.links {
+			isVF[l.bdf] = true
+		}
+		jobs = append(jobs, job)
 	}
-	// ReadDir sorts by name and BDF names sort by address; keep it explicit.
+	// Phase 2: read the PFs and VFs, spread over the CPUs (sysfs reads are
+	// syscall-bound and independent).
+	workers := min(runtime.GOMAXPROCS(0), len(jobs))
+	next := make(chan *pfJob)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ws := newScanner(h, logger)
+			for job := range next {
+				job.pf, job.err = ws.readPF(job)
+			}
+		}()
+	}
+	for _, job := range jobs {
+		next <- job
+	}
+	close(next)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pfs := make([]PF, 0, len(jobs))
+	for _, job := range jobs {
+		if job.err != nil {
+			s.skip(filepath.Join(devDir, job.bdf), job.err)
+			continue
+		}
+		pfs = append(pfs, job.pf)
+	}
 	slices.SortFunc(pfs, func(a, b PF) int { return strings.Compare(a.Address, b.Address) })
 	return pfs, nil
+}
+
+// pfJob is one PF found in phase 1 of Discover.
+type pfJob struct {
+	bdf   string
+	total int
+	real  string // device directory relative to the root
+	links []vfLink
+	pf    PF
+	err   error
+}
+
+type vfLink struct {
+	name   string // virtfnN
+	index  int
+	target string // as read, e.g. ../0000:3b:02.1
+	bdf    string
+	err    error
+}
+
+// findVFs resolves the PF's directory and reads its virtfnN links.
+func (s *scanner) findVFs(bdf string, total int) (*pfJob, error) {
+	real, err := s.resolveDevice(bdf)
+	if err != nil {
+		return nil, err
+	}
+	job := &pfJob{bdf: bdf, total: total, real: real}
+	dir := filepath.Join(s.h.root, real)
+	names, err := readDirNames(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, "virtfn") {
+			continue
+		}
+		idx, err := strconv.Atoi(name[len("virtfn"):])
+		if err != nil || idx < 0 {
+			continue
+		}
+		l := vfLink{name: name, index: idx}
+		p := filepath.Join(dir, name)
+		if l.target, err = os.Readlink(p); err != nil {
+			l.err = fmt.Errorf("read link %s: %w", p, err)
+		} else if l.bdf = filepath.Base(l.target); filepath.IsAbs(l.target) || !ValidBDF(l.bdf) {
+			l.err = fmt.Errorf("link %s -> %s does not name a PCI function", p, l.target)
+		}
+		job.links = append(job.links, l)
+	}
+	return job, nil
 }
 
 // scanner carries per-call caches so a discovery pass does not re-resolve
@@ -297,13 +389,12 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 		fn.DriverOverride = ov
 	}
 	netDir := filepath.Join(dir, "net")
-	ents, err := os.ReadDir(netDir)
+	names, err := readDirNames(netDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fn, fmt.Errorf("list netdevs in %s: %w", netDir, err)
 	}
-	for _, e := range ents {
-		fn.NetDevs = append(fn.NetDevs, e.Name())
-	}
+	slices.Sort(names)
+	fn.NetDevs = names
 	return fn, nil
 }
 
@@ -318,27 +409,23 @@ func (h *Host) pcieRoot(bdf string) (string, error) {
 	return *attr.Value.StringValue, nil
 }
 
-func (s *scanner) readPF(bdf string, total int) (PF, error) {
-	real, err := s.resolveDevice(bdf)
+func (s *scanner) readPF(job *pfJob) (PF, error) {
+	fn, err := s.readFunction(job.bdf, job.real)
 	if err != nil {
 		return PF{}, err
 	}
-	fn, err := s.readFunction(bdf, real)
-	if err != nil {
+	if fn.PCIeRoot, err = s.h.pcieRoot(job.bdf); err != nil {
 		return PF{}, err
 	}
-	if fn.PCIeRoot, err = s.h.pcieRoot(bdf); err != nil {
-		return PF{}, err
-	}
-	pf := PF{Function: fn, TotalVFs: total}
-	dir := filepath.Join(s.h.root, real)
+	pf := PF{Function: fn, TotalVFs: job.total}
+	dir := filepath.Join(s.h.root, job.real)
 	numPath := filepath.Join(dir, "sriov_numvfs")
 	v, err := readAttr(numPath)
 	if err != nil {
 		return PF{}, err
 	}
-	if pf.NumVFs, err = strconv.Atoi(v); err != nil || pf.NumVFs < 0 || pf.NumVFs > total {
-		return PF{}, fmt.Errorf("%s: want 0..%d, got %q", numPath, total, v)
+	if pf.NumVFs, err = strconv.Atoi(v); err != nil || pf.NumVFs < 0 || pf.NumVFs > job.total {
+		return PF{}, fmt.Errorf("%s: want 0..%d, got %q", numPath, job.total, v)
 	}
 	if len(fn.NetDevs) > 0 {
 		// A PF in switchdev mode also lists representors; the first sorted
@@ -347,22 +434,15 @@ func (s *scanner) readPF(bdf string, total int) (PF, error) {
 			return PF{}, err
 		}
 	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return PF{}, fmt.Errorf("list %s: %w", dir, err)
-	}
-	for _, e := range ents {
-		name := e.Name()
-		if !strings.HasPrefix(name, "virtfn") {
+	pf.VFs = make([]VF, 0, len(job.links))
+	for _, l := range job.links {
+		if l.err != nil {
+			s.skip(filepath.Join(dir, l.name), l.err)
 			continue
 		}
-		idx, err := strconv.Atoi(name[len("virtfn"):])
-		if err != nil || idx < 0 {
-			continue
-		}
-		vf, err := s.readVF(pf, real, name, idx)
+		vf, err := s.readVF(pf, job.real, l)
 		if err != nil {
-			s.skip(filepath.Join(dir, name), err)
+			s.skip(filepath.Join(dir, l.name), err)
 			continue
 		}
 		pf.VFs = append(pf.VFs, vf)
@@ -371,34 +451,25 @@ func (s *scanner) readPF(bdf string, total int) (PF, error) {
 	return pf, nil
 }
 
-func (s *scanner) readVF(pf PF, pfReal, link string, idx int) (VF, error) {
-	p := filepath.Join(s.h.root, pfReal, link)
-	target, err := os.Readlink(p)
-	if err != nil {
-		return VF{}, fmt.Errorf("read link %s: %w", p, err)
-	}
-	bdf := filepath.Base(target)
-	if filepath.IsAbs(target) || !ValidBDF(bdf) {
-		return VF{}, fmt.Errorf("link %s -> %s does not name a PCI function", p, target)
-	}
-	real := filepath.Join(pfReal, target)
+func (s *scanner) readVF(pf PF, pfReal string, l vfLink) (VF, error) {
+	real := filepath.Join(pfReal, l.target)
 	if strings.HasPrefix(real, "..") {
-		return VF{}, fmt.Errorf("link %s -> %s leaves the sysfs root", p, target)
+		return VF{}, fmt.Errorf("link -> %s leaves the sysfs root", l.target)
 	}
-	fn, err := s.readFunction(bdf, real)
+	fn, err := s.readFunction(l.bdf, real)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return VF{}, fmt.Errorf("dangling link %s -> %s: %w", p, target, err)
+			return VF{}, fmt.Errorf("dangling link -> %s: %w", l.target, err)
 		}
 		return VF{}, err
 	}
 	if filepath.Dir(real) == filepath.Dir(pfReal) {
 		// Sibling of the PF: same parent bridge, same root complex.
 		fn.PCIeRoot = pf.PCIeRoot
-	} else if fn.PCIeRoot, err = s.h.pcieRoot(bdf); err != nil {
+	} else if fn.PCIeRoot, err = s.h.pcieRoot(l.bdf); err != nil {
 		return VF{}, err
 	}
-	return VF{Function: fn, Index: idx, PFAddress: pf.Address}, nil
+	return VF{Function: fn, Index: l.index, PFAddress: pf.Address}, nil
 }
 
 // netInfo reads class/net/<ifname>/{type,operstate}.
@@ -456,6 +527,32 @@ func readAttr(path string) (string, error) {
 		n = 0
 	}
 	return strings.TrimSpace(string(buf[:n])), nil
+}
+
+// readDirNames lists a directory with raw syscalls (open, getdents, close):
+// os.ReadDir costs several more calls per directory, and discovery lists
+// one net/ directory per VF.
+func readDirNames(dir string) ([]string, error) {
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer syscall.Close(fd)
+	var names []string
+	buf := make([]byte, 2048)
+	for {
+		n, err := syscall.ReadDirent(fd, buf)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "readdirent", Path: dir, Err: err}
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
+	}
 }
 
 // readHexID reads a vendor/device file ("0x8086") into "8086".
