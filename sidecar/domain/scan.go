@@ -26,8 +26,7 @@ type document struct {
 
 type existingHostdev struct {
 	start, end int
-	wsStart    int    // start of the whitespace run that precedes the element
-	ws         string // that whitespace
+	wsStart    int // start of the whitespace run that precedes the element
 	alias      string
 }
 
@@ -105,7 +104,7 @@ func scan(data []byte) (*document, error) {
 				if t.Name.Local == "hostdev" && t.Name.Space == "" {
 					cur = &existingHostdev{start: off, wsStart: off}
 					if ws.ok {
-						cur.wsStart, cur.ws = ws.start, ws.text
+						cur.wsStart = ws.start
 					}
 				}
 			case 4:
@@ -153,6 +152,20 @@ func scan(data []byte) (*document, error) {
 		return nil, errors.New("domain XML has no <domain> element")
 	}
 	return doc, nil
+}
+
+// lineIndent returns the spaces and tabs between the last newline before pos
+// and pos, and whether pos starts its line. Reading raw bytes rather than
+// tokens keeps a replacement identical to the insertion it replaces.
+func lineIndent(data []byte, pos int) (string, bool) {
+	i := pos
+	for i > 0 && (data[i-1] == ' ' || data[i-1] == '\t') {
+		i--
+	}
+	if i > 0 && data[i-1] == '\n' {
+		return string(data[i:pos]), true
+	}
+	return "", false
 }
 
 type edit struct {
@@ -216,7 +229,7 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 			continue
 		}
 		placed[i] = true
-		indent, nl := afterNewline(e.ws)
+		indent, nl := lineIndent(data, e.start)
 		b, err := marshalHostdev(wanted[i], indent, unit, nl)
 		if err != nil {
 			return nil, err
