@@ -1,0 +1,213 @@
+// Package flow drives vfnet end to end against a real control plane
+// (test/controlplane): it installs the manifests a cluster admin applies,
+// KubeVirt's CRDs, simulated nodes each running the real vfnet-driver binary
+// (--simulate on a pkg/simhost tree) beside a kubelet stand-in
+// (test/kubeletsim), and the VM-shaped objects KubeVirt would create. The
+// end-to-end tests (test/e2e) and `make demo` (cmd/vfnet-demo) both use it.
+package flow
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/test/controlplane"
+)
+
+// Names the manifests define (manifests/).
+const (
+	Namespace      = "vfnet-system"
+	ServiceAccount = "vfnet-driver"
+	DaemonSet      = "vfnet-driver"
+	DriverName     = "sriov.vfnet.io"
+)
+
+// Env is one control plane with vfnet installed.
+type Env struct {
+	Plane   *controlplane.Plane
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Repo is the repository root (manifests/, cmd/).
+	Repo string
+	// Dir holds built binaries and per-node state; removed by Close.
+	Dir string
+	// Progress receives human-readable lines (the demo prints them).
+	Progress io.Writer
+
+	binOnce sync.Once
+	binErr  error
+	nodes   []*Node
+}
+
+// NewEnv wraps a started plane. dir must be short (unix sockets of the
+// simulated nodes live below it).
+func NewEnv(plane *controlplane.Plane, dir string, progress io.Writer) (*Env, error) {
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := plane.AdminClient()
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(plane.AdminRESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	return &Env{Plane: plane, Client: cs, Dynamic: dyn, Repo: repo, Dir: dir, Progress: progress}, nil
+}
+
+// Close stops every node's driver process.
+func (e *Env) Close() error {
+	var first error
+	for _, n := range e.nodes {
+		if err := n.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (e *Env) say(format string, args ...any) {
+	fmt.Fprintf(e.Progress, format+"\n", args...)
+}
+
+// BinDir builds vfnet-driver and vfnet-binding once per Env and returns
+// their directory.
+func (e *Env) BinDir(ctx context.Context) (string, error) {
+	dir := filepath.Join(e.Dir, "bin")
+	e.binOnce.Do(func() {
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/vfnet-driver", "./cmd/vfnet-binding")
+		cmd.Dir = e.Repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			e.binErr = fmt.Errorf("build vfnet-driver and vfnet-binding: %w\n%s", err, out)
+			return
+		}
+		klog.FromContext(ctx).V(1).Info("Built vfnet binaries", "dir", dir, "duration", time.Since(start))
+	})
+	return dir, e.binErr
+}
+
+// ApplyManifests installs vfnet the way a cluster admin does:
+// `kubectl apply -k manifests/` (namespace, RBAC, admission policy,
+// DaemonSet, node-config ConfigMap, DeviceClasses).
+func (e *Env) ApplyManifests(ctx context.Context) error {
+	out, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-k", filepath.Join(e.Repo, "manifests"))
+	if err != nil {
+		return fmt.Errorf("kubectl apply -k manifests/: %w", err)
+	}
+	e.say("%s", indent(strings.TrimSpace(string(out))))
+	// The ServiceAccount is namespaced and used at once; the admission policy
+	// takes effect asynchronously: wait until it is type-checked and loaded.
+	return e.waitPolicyActive(ctx)
+}
+
+// ApplyFile applies one manifest file or directory (examples).
+func (e *Env) ApplyFile(ctx context.Context, path string) ([]byte, error) {
+	return e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", path)
+}
+
+// waitPolicyActive waits until the ValidatingAdmissionPolicy has a type-check
+// status (the API server compiled it) without warnings.
+func (e *Env) waitPolicyActive(ctx context.Context) error {
+	const name = "vfnet-driver-own-node-resourceslices"
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := e.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.TypeChecking == nil {
+			return false, nil
+		}
+		if len(p.Status.TypeChecking.ExpressionWarnings) > 0 {
+			return false, fmt.Errorf("admission policy %s has type-check warnings: %+v", name, p.Status.TypeChecking.ExpressionWarnings)
+		}
+		return true, nil
+	})
+}
+
+// InstallKubeVirtCRDs generates KubeVirt v1.9.0's CRDs with virt-operator's
+// own code (test/kubevirt, cmd/gencrds), applies them and waits until they
+// are established.
+func (e *Env) InstallKubeVirtCRDs(ctx context.Context) error {
+	dir := filepath.Join(e.Dir, "kubevirt-crds")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/gencrds", "-o", dir)
+	cmd.Dir = filepath.Join(e.Repo, "test", "kubevirt")
+	cmd.Env = append(os.Environ(), "GONOSUMDB=libvirt.org/go/libvirt")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if _, err := cmd.Output(); err != nil {
+		return fmt.Errorf("generate KubeVirt CRDs (cd test/kubevirt && go run ./cmd/gencrds): %w\n%s", err, stderr.String())
+	}
+	if _, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", dir); err != nil {
+		return fmt.Errorf("apply KubeVirt CRDs: %w", err)
+	}
+	for _, crd := range []string{"virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io", "kubevirts.kubevirt.io"} {
+		if err := e.waitCRDEstablished(ctx, crd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Env) waitCRDEstablished(ctx context.Context, name string) error {
+	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := e.Dynamic.Resource(gvr).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("CRD %s was not created by the generated manifests", name)
+		}
+		if err != nil {
+			return false, err
+		}
+		conds, _, _ := unstructuredSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+func unstructuredSlice(obj map[string]any, path ...string) ([]any, bool, error) {
+	var cur any = obj
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false, nil
+		}
+		cur = m[p]
+	}
+	s, ok := cur.([]any)
+	return s, ok, nil
+}
+
+func indent(s string) string {
+	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
+}

@@ -1,0 +1,321 @@
+package flow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/kubeletsim"
+)
+
+// Node is one simulated node: a synthetic host, the kubelet stand-in and the
+// real vfnet-driver process running under the DaemonSet's ServiceAccount.
+type Node struct {
+	env  *Env
+	Name string
+	// Dir holds everything of the node (short: sockets live below it).
+	Dir string
+	// Host is the simulated machine (sysfs tree, /dev, VF link state).
+	Host         *simhost.Host
+	NodeConfig   string // path of the node-config file the driver reads
+	RegistrarDir string
+	PluginDir    string
+	CDIDir       string
+	PodsDir      string
+	Kubelet      *kubeletsim.Kubelet
+	// DriverPod is the pod the DaemonSet controller would create on this
+	// node, made from the applied DaemonSet's template. The driver's token
+	// is bound to it.
+	DriverPod *corev1.Pod
+
+	cancelKubelet context.CancelFunc
+	kubeletDone   chan struct{}
+
+	mu       sync.Mutex
+	driver   *exec.Cmd
+	drvDone  chan struct{}
+	drvErr   error
+	drvLog   string
+	restarts int
+}
+
+// NodeOptions describe a node to add.
+type NodeOptions struct {
+	Name string
+	// Spec is the simulated hardware.
+	Spec simhost.Spec
+	// NodeConfig is the node-config YAML; empty: the sample from manifests/
+	// (the ConfigMap data the DaemonSet mounts).
+	NodeConfig string
+}
+
+// AddNode builds the simulated host, creates the Node and the driver pod,
+// and starts the kubelet stand-in. StartDriver starts the driver.
+func (e *Env) AddNode(ctx context.Context, o NodeOptions) (_ *Node, retErr error) {
+	dir := filepath.Join(e.Dir, o.Name)
+	n := &Node{env: e, Name: o.Name, Dir: dir,
+		RegistrarDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "plugin"),
+		CDIDir: filepath.Join(dir, "cdi"), PodsDir: filepath.Join(dir, "pods"),
+		NodeConfig: filepath.Join(dir, "node-config.yaml")}
+	for _, d := range []string{n.RegistrarDir, n.PluginDir, n.CDIDir, n.PodsDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			n.Close()
+		}
+	}()
+	host, err := simhost.Build(filepath.Join(dir, "host"), o.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: build simulated host: %w", o.Name, err)
+	}
+	n.Host = host
+	cfg := o.NodeConfig
+	if cfg == "" {
+		cm, err := e.Client.CoreV1().ConfigMaps(Namespace).Get(ctx, "vfnet-node-config", metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("node %s: read the node-config ConfigMap the DaemonSet mounts: %w", o.Name, err)
+		}
+		cfg = cm.Data["node-config.yaml"]
+	}
+	if err := os.WriteFile(n.NodeConfig, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	k, err := kubeletsim.New(kubeletsim.Options{
+		NodeName: o.Name, Client: e.Client, RegistrarDir: n.RegistrarDir,
+		CDIDirs: []string{n.CDIDir}, PodsDir: n.PodsDir,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.Kubelet = k
+	if err := k.CreateNode(ctx); err != nil {
+		return nil, err
+	}
+	kctx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithName(o.Name)))
+	n.cancelKubelet, n.kubeletDone = cancel, make(chan struct{})
+	go func() {
+		defer close(n.kubeletDone)
+		if err := k.Run(kctx); err != nil {
+			klog.FromContext(kctx).Error(err, "Simulated kubelet stopped")
+		}
+	}()
+	if err := n.createDriverPod(ctx); err != nil {
+		return nil, err
+	}
+	e.nodes = append(e.nodes, n)
+	return n, nil
+}
+
+// createDriverPod creates the pod the DaemonSet controller would create on
+// this node (from the applied template, bound to the node, owned by the
+// DaemonSet), so the driver's token is a real pod-bound projected token.
+func (n *Node) createDriverPod(ctx context.Context) error {
+	ds, err := n.env.Client.AppsV1().DaemonSets(Namespace).Get(ctx, DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("node %s: get DaemonSet %s/%s (apply manifests first): %w", n.Name, Namespace, DaemonSet, err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: DaemonSet + "-" + n.Name, Namespace: Namespace,
+			Labels: ds.Spec.Template.Labels,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID,
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+		Spec: *ds.Spec.Template.Spec.DeepCopy(),
+	}
+	pod.Spec.NodeName = n.Name
+	created, err := n.env.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("node %s: create driver pod from the DaemonSet template: %w", n.Name, err)
+	}
+	n.DriverPod = created
+	return nil
+}
+
+// DriverToken returns a fresh token of the driver's ServiceAccount bound to
+// the driver pod (it carries this node's name).
+func (n *Node) DriverToken(ctx context.Context) (string, error) {
+	return controlplane.PodBoundToken(ctx, n.env.Client, n.DriverPod, time.Hour)
+}
+
+// DriverArgs is the vfnet-driver command line for this node.
+func (n *Node) DriverArgs(kubeconfig string) []string {
+	return []string{
+		"--simulate",
+		"--kubeconfig=" + kubeconfig,
+		"--node-name=" + n.Name,
+		"--pod-uid=" + string(n.DriverPod.UID),
+		"--sysfs-root=" + n.Host.Root(),
+		"--node-config=" + n.NodeConfig,
+		"--registrar-dir=" + n.RegistrarDir,
+		"--plugin-dir=" + n.PluginDir,
+		"--cdi-dir=" + n.CDIDir,
+		"--kubelet-pods-dir=" + n.PodsDir,
+		"-v=4",
+	}
+}
+
+// StartDriver starts vfnet-driver with a kubeconfig for the driver pod's
+// token and waits until the kubelet stand-in registered it.
+func (n *Node) StartDriver(ctx context.Context) error {
+	bin, err := n.env.BinDir(ctx)
+	if err != nil {
+		return err
+	}
+	token, err := n.DriverToken(ctx)
+	if err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(n.Dir, "driver.kubeconfig")
+	if err := n.env.Plane.WriteKubeconfig(kubeconfig, token); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if n.driver != nil {
+		n.mu.Unlock()
+		return fmt.Errorf("node %s: driver already running", n.Name)
+	}
+	gen := n.Kubelet.Registrations(DriverName)
+	n.drvLog = filepath.Join(n.Dir, fmt.Sprintf("driver-%d.log", n.restarts))
+	n.restarts++
+	logf, err := os.Create(n.drvLog)
+	if err != nil {
+		n.mu.Unlock()
+		return err
+	}
+	cmd := exec.Command(filepath.Join(bin, "vfnet-driver"), n.DriverArgs(kubeconfig)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "NODE_NAME="+n.Name, "POD_UID="+string(n.DriverPod.UID))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		n.mu.Unlock()
+		return fmt.Errorf("node %s: start vfnet-driver: %w", n.Name, err)
+	}
+	logf.Close()
+	done := make(chan struct{})
+	n.driver, n.drvDone = cmd, done
+	go func() {
+		err := cmd.Wait()
+		n.mu.Lock()
+		n.drvErr = err
+		n.mu.Unlock()
+		close(done)
+	}()
+	n.mu.Unlock()
+
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	regErr := make(chan error, 1)
+	go func() { regErr <- n.Kubelet.WaitRegistered(wctx, DriverName, gen+1) }()
+	select {
+	case err := <-regErr:
+		if err != nil {
+			return fmt.Errorf("%w\n--- vfnet-driver log ---\n%s", err, n.DriverLog(4000))
+		}
+		return nil
+	case <-done:
+		return fmt.Errorf("node %s: vfnet-driver exited during start: %v\n--- vfnet-driver log ---\n%s", n.Name, n.drvErr, n.DriverLog(4000))
+	}
+}
+
+// StopDriver stops the driver with SIGTERM (a DaemonSet pod being replaced)
+// or SIGKILL (a crash) and waits for it.
+func (n *Node) StopDriver(kill bool) error {
+	n.mu.Lock()
+	cmd, done := n.driver, n.drvDone
+	n.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	sig := syscall.SIGTERM
+	if kill {
+		sig = syscall.SIGKILL
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+	n.mu.Lock()
+	n.driver = nil
+	err := n.drvErr
+	n.mu.Unlock()
+	var exit *exec.ExitError
+	if !kill && err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 0) {
+		return fmt.Errorf("node %s: vfnet-driver did not stop cleanly on SIGTERM: %v\n%s", n.Name, err, n.DriverLog(3000))
+	}
+	return nil
+}
+
+// DriverLog returns the last max bytes of the current driver log.
+func (n *Node) DriverLog(max int) string {
+	n.mu.Lock()
+	p := n.drvLog
+	n.mu.Unlock()
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	if len(data) > max {
+		data = data[len(data)-max:]
+	}
+	return string(data)
+}
+
+// DriverRunning reports whether the driver process is alive.
+func (n *Node) DriverRunning() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.driver == nil {
+		return false
+	}
+	select {
+	case <-n.drvDone:
+		return false
+	default:
+		return true
+	}
+}
+
+// Close stops the driver and the kubelet stand-in.
+func (n *Node) Close() error {
+	err := n.StopDriver(false)
+	if n.cancelKubelet != nil {
+		n.cancelKubelet()
+		<-n.kubeletDone
+	}
+	if n.Host != nil {
+		n.Host.Close()
+	}
+	return err
+}
+
+// ContainerMetadataRoot is the directory that stands for
+// /var/run/kubernetes.io/dra-device-attributes in a container of pod uid.
+func (n *Node) ContainerMetadataRoot(uid types.UID, container string) string {
+	return filepath.Join(n.Kubelet.ContainerRoot(uid, container), strings.TrimPrefix(metadata.DefaultRoot, "/"))
+}
