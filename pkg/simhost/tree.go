@@ -53,11 +53,32 @@ func (t tree) read(rel string) (string, error) {
 // link creates linkRel -> target, where target is given relative to the root
 // and stored relative to linkRel's directory.
 func (t tree) link(linkRel, targetRel string) error {
-	target, err := filepath.Rel(path.Dir(linkRel), targetRel)
-	if err != nil {
-		return err
+	return os.Symlink(kernfsTarget(linkRel, targetRel), t.abs(linkRel))
+}
+
+// kernfsTarget is the relative target sysfs shows for a link: it climbs
+// from the link's directory to the closest common ancestor with the
+// target's parent (kernfs_get_target_path), so a netdev's device link reads
+// ../../../0000:3b:02.1 rather than ../..
+func kernfsTarget(linkRel, targetRel string) string {
+	lp := strings.Split(path.Dir(linkRel), "/")
+	tp := strings.Split(path.Dir(targetRel), "/")
+	if path.Dir(linkRel) == "." {
+		lp = nil
 	}
-	return os.Symlink(target, t.abs(linkRel))
+	if path.Dir(targetRel) == "." {
+		tp = nil
+	}
+	c := 0
+	for c < len(lp) && c < len(tp) && lp[c] == tp[c] {
+		c++
+	}
+	var b strings.Builder
+	for i := c; i < len(lp); i++ {
+		b.WriteString("../")
+	}
+	b.WriteString(strings.Join(strings.Split(targetRel, "/")[c:], "/"))
+	return b.String()
 }
 
 // readlink resolves linkRel to a root-relative path ("" if absent).
