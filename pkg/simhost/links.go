@@ -41,7 +41,7 @@ type Links struct {
 	h     *Host
 	fails []failRule
 	cache struct {
-		size, mtime int64
+		ino, size, mtime int64
 		m           map[string]vflink.VFState
 	}
 }
@@ -77,8 +77,8 @@ func key(pf string, vf int) string { return pf + "/" + strconv.Itoa(vf) }
 
 func (l *Links) statePath() string { return filepath.Join(l.h.t.root, stateDir, "vflinks.json") }
 
-// load reads the state file (cached by size and mtime; it is replaced by
-// rename, so a change always shows in the stat).
+// load reads the state file, cached by inode, size and mtime: the file is
+// replaced by rename, so another process's change shows in the stat.
 func (l *Links) load() (map[string]vflink.VFState, error) {
 	p := l.statePath()
 	st, err := os.Stat(p)
@@ -88,7 +88,11 @@ func (l *Links) load() (map[string]vflink.VFState, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.cache.m != nil && l.cache.size == st.Size() && l.cache.mtime == st.ModTime().UnixNano() {
+	var ino int64
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		ino = int64(sys.Ino)
+	}
+	if l.cache.m != nil && l.cache.ino == ino && l.cache.size == st.Size() && l.cache.mtime == st.ModTime().UnixNano() {
 		return cloneStates(l.cache.m), nil
 	}
 	b, err := os.ReadFile(p)
@@ -99,7 +103,7 @@ func (l *Links) load() (map[string]vflink.VFState, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("simulated VF link state %s is corrupt: %w", p, err)
 	}
-	l.cache.size, l.cache.mtime, l.cache.m = st.Size(), st.ModTime().UnixNano(), m
+	l.cache.ino, l.cache.size, l.cache.mtime, l.cache.m = ino, st.Size(), st.ModTime().UnixNano(), m
 	return cloneStates(m), nil
 }
 

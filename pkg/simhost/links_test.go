@@ -1,0 +1,209 @@
+package simhost
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"testing"
+
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+func mustMAC(t *testing.T, s string) net.HardwareAddr {
+	t.Helper()
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestLinksDefaultsAndSetters(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	l := h.Links()
+	st, err := l.VF("enp59s0f0", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := vflink.VFState{MAC: net.HardwareAddr{0, 0, 0, 0, 0, 0}, VLANProto: "802.1Q", SpoofChk: true, LinkState: "auto"}
+	if !reflect.DeepEqual(st, want) {
+		t.Fatalf("default = %+v, want %+v", st, want)
+	}
+	mac := mustMAC(t, "02:00:00:00:00:01")
+	for _, err := range []error{
+		l.SetMAC("enp59s0f0", 3, mac),
+		l.SetVLAN("enp59s0f0", 3, 100, 5, vflink.VLANProto8021AD),
+		l.SetSpoofChk("enp59s0f0", 3, false),
+		l.SetTrust("enp59s0f0", 3, true),
+		l.SetLinkState("enp59s0f0", 3, vflink.LinkStateDisable),
+		l.SetRate("enp59s0f0", 3, 100, 1000),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = vflink.VFState{MAC: mac, VLAN: 100, QoS: 5, VLANProto: "802.1ad", SpoofChk: false, Trust: true,
+		LinkState: "disable", MinTxRateMbps: 100, MaxTxRateMbps: 1000}
+	if st, _ := l.VF("enp59s0f0", 3); !reflect.DeepEqual(st, want) {
+		t.Fatalf("after set = %+v, want %+v", st, want)
+	}
+	// Other VFs and the other PF are untouched.
+	if st, _ := l.VF("enp59s0f1", 3); !reflect.DeepEqual(st, DefaultVFState()) {
+		t.Fatalf("other PF's VF changed: %+v", st)
+	}
+	// The VF's netdev takes the MAC; clearing it with zeros is allowed.
+	addr := filepath.Join(h.Root(), "class/net/enp59s0f0v3/address")
+	if b, _ := os.ReadFile(addr); string(b) != "02:00:00:00:00:01\n" {
+		t.Errorf("netdev address = %q", b)
+	}
+	if err := l.SetMAC("enp59s0f0", 3, make(net.HardwareAddr, 6)); err != nil {
+		t.Fatalf("zero MAC: %v", err)
+	}
+	if b, _ := os.ReadFile(addr); string(b) == "02:00:00:00:00:01\n" {
+		t.Error("netdev kept the cleared MAC")
+	}
+	// Returned MACs are copies.
+	st, _ = l.VF("enp59s0f0", 3)
+	st.MAC[0] = 0xff
+	if st2, _ := l.VF("enp59s0f0", 3); st2.MAC[0] != 0 {
+		t.Error("VF returned a MAC aliasing the stored state")
+	}
+}
+
+func TestLinksRejectLikeTheKernel(t *testing.T) {
+	t.Parallel()
+	h := build(t, MixedHost())
+	l := h.Links()
+	mac := mustMAC(t, "02:00:00:00:00:01")
+	cases := []struct {
+		name  string
+		err   error
+		errno syscall.Errno
+	}{
+		{"unknown PF", l.SetMAC("nosuch", 0, mac), syscall.ENODEV},
+		{"PF name with slash", l.SetTrust("../x", 0, true), syscall.ENODEV},
+		{"VF netdev is not a PF", l.SetTrust("enp59s0f0v0", 0, true), syscall.EOPNOTSUPP},
+		{"plain NIC", l.SetTrust("enp2s0", 0, true), syscall.EOPNOTSUPP},
+		{"index = numvfs", l.SetTrust("enp59s0f0", 4, true), syscall.EINVAL},
+		{"negative index", l.SetTrust("enp59s0f0", -1, true), syscall.EINVAL},
+		{"PF without VFs", l.SetTrust("enp59s0f1", 0, true), syscall.EINVAL},
+		{"read past numvfs", func() error { _, err := l.VF("enp59s0f0", 9); return err }(), syscall.EINVAL},
+		{"multicast MAC", l.SetMAC("enp59s0f0", 0, mustMAC(t, "01:00:5e:00:00:01")), syscall.EINVAL},
+		{"broadcast MAC", l.SetMAC("enp59s0f0", 0, mustMAC(t, "ff:ff:ff:ff:ff:ff")), syscall.EINVAL},
+		{"short MAC", l.SetMAC("enp59s0f0", 0, net.HardwareAddr{2, 0, 0}), syscall.EINVAL},
+		{"20-byte MAC", l.SetMAC("enp59s0f0", 0, make(net.HardwareAddr, 20)), syscall.EINVAL},
+		{"VLAN 4096", l.SetVLAN("enp59s0f0", 0, 4096, 0, "802.1Q"), syscall.EINVAL},
+		{"VLAN -1", l.SetVLAN("enp59s0f0", 0, -1, 0, "802.1Q"), syscall.EINVAL},
+		{"qos 8", l.SetVLAN("enp59s0f0", 0, 10, 8, "802.1Q"), syscall.EINVAL},
+		{"qos without VLAN", l.SetVLAN("enp59s0f0", 0, 0, 3, "802.1Q"), syscall.EINVAL},
+		{"bad proto", l.SetVLAN("enp59s0f0", 0, 10, 0, "802.1X"), syscall.EPROTONOSUPPORT},
+		{"min > max", l.SetRate("enp59s0f0", 0, 500, 100), syscall.EINVAL},
+		{"negative rate", l.SetRate("enp59s0f0", 0, -1, 0), syscall.EINVAL},
+		{"bad link state", l.SetLinkState("enp59s0f0", 0, "up"), syscall.EINVAL},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.errno) {
+			t.Errorf("%s: err = %v, want %v", c.name, c.err, c.errno)
+		}
+	}
+	// None of the rejected calls changed anything.
+	if st, _ := l.VF("enp59s0f0", 0); !reflect.DeepEqual(st, DefaultVFState()) {
+		t.Fatalf("rejected calls changed VF 0: %+v", st)
+	}
+	// Accepted edge values.
+	for name, err := range map[string]error{
+		"VLAN 4095":       l.SetVLAN("enp59s0f0", 0, 4095, 7, ""),
+		"min with no max": l.SetRate("enp59s0f0", 0, 500, 0),
+		"mlx5 PF":         l.SetTrust("ens8f0np0", 3, true),
+		"igb numa -1 PF":  l.SetSpoofChk("enp1s0f0", 1, false),
+	} {
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if st, _ := l.VF("enp59s0f0", 0); st.VLANProto != "802.1Q" || st.VLAN != 4095 {
+		t.Errorf("empty proto should mean 802.1Q: %+v", st)
+	}
+}
+
+func TestLinksFailureInjection(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	l := h.Links()
+	l.Fail(OpSetVLAN, syscall.EBUSY, 2)
+	for i := 0; i < 2; i++ {
+		if err := l.SetVLAN("enp59s0f0", 0, 10, 0, ""); !errors.Is(err, syscall.EBUSY) {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if st, _ := l.VF("enp59s0f0", 0); st.VLAN != 0 {
+		t.Fatal("failed call had an effect")
+	}
+	if err := l.SetVLAN("enp59s0f0", 0, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	l.Fail(OpVF, syscall.EIO, 1)
+	if _, err := l.VF("enp59s0f0", 0); !errors.Is(err, syscall.EIO) {
+		t.Fatal(err)
+	}
+	// VFState (the test's view) ignores injection.
+	l.Fail(OpVF, syscall.EIO, -1)
+	if st, err := h.VFState("enp59s0f0", 0); err != nil || st.VLAN != 10 {
+		t.Fatalf("VFState = %+v, %v", st, err)
+	}
+}
+
+func TestLinksCorruptStateFile(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	if err := os.WriteFile(filepath.Join(h.Root(), ".simhost/vflinks.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Links().VF("enp59s0f0", 0); err == nil {
+		t.Fatal("corrupt state accepted")
+	}
+}
+
+// TestLinksAcrossProcesses runs this test binary again as a second process
+// that reopens the host and changes a VF; this process must see it.
+func TestLinksAcrossProcesses(t *testing.T) {
+	if root := os.Getenv("SIMHOST_CHILD_ROOT"); root != "" {
+		h, err := Open(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if st, err := h.Links().VF("enp59s0f0", 1); err != nil || st.VLAN != 42 {
+			t.Fatalf("child sees %+v, %v; want VLAN 42 from the parent", st, err)
+		}
+		if err := h.Links().SetMAC("enp59s0f0", 1, net.HardwareAddr{2, 9, 9, 9, 9, 9}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Kernel().WriteFile("bus/pci/drivers/iavf/unbind", []byte("0000:3b:02.1")); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Parallel()
+	h := build(t, E810Host())
+	if err := h.Links().SetVLAN("enp59s0f0", 1, 42, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLinksAcrossProcesses$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SIMHOST_CHILD_ROOT="+h.Root())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	st, err := h.Links().VF("enp59s0f0", 1)
+	if err != nil || st.MAC.String() != "02:09:09:09:09:09" || st.VLAN != 42 {
+		t.Fatalf("parent sees %+v, %v after the child's change", st, err)
+	}
+	if f := fn(t, h, "0000:3b:02.1"); f.Driver != "" {
+		t.Fatalf("child's unbind not visible: %+v", f)
+	}
+}
