@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
 )
@@ -310,27 +311,6 @@ func (s *scanner) resolveDevice(bdf string) (string, error) {
 	return real, nil
 }
 
-// linkBase reads the symlink dir/name and returns the basename of its target
-// after checking the target exists. A missing link returns "", nil.
-func (s *scanner) linkBase(realDir, name string) (string, error) {
-	p := filepath.Join(s.h.root, realDir, name)
-	target, err := os.Readlink(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read link %s: %w", p, err)
-	}
-	if filepath.IsAbs(target) {
-		return "", fmt.Errorf("link %s points to absolute path %s", p, target)
-	}
-	resolved := filepath.Join(realDir, name, "..", target)
-	if !s.pathExists(resolved) {
-		return "", fmt.Errorf("dangling link %s -> %s", p, target)
-	}
-	return filepath.Base(target), nil
-}
-
 func (s *scanner) pathExists(rel string) bool {
 	if dir, base := filepath.Split(rel); dir == IOMMUGroupDir+"/" {
 		if s.groups == nil {
@@ -352,35 +332,41 @@ func (s *scanner) pathExists(rel string) bool {
 }
 
 // readFunction fills everything but PCIeRoot for the function whose real
-// directory (relative to the root) is realDir.
+// directory (relative to the root) is realDir. It opens the directory once
+// and reads relative to it: discovery is syscall-bound, and short relative
+// lookups are markedly cheaper than walking the full path each time.
 func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 	dir := filepath.Join(s.h.root, realDir)
 	fn := Function{Address: bdf}
-	var err error
-	if fn.VendorID, err = readHexID(filepath.Join(dir, "vendor")); err != nil {
+	dfd, err := openDir(dir)
+	if err != nil {
 		return fn, err
 	}
-	if fn.DeviceID, err = readHexID(filepath.Join(dir, "device")); err != nil {
+	defer unix.Close(dfd)
+	at := func(name string) attrAt { return attrAt{dfd: dfd, dir: dir, name: name} }
+	if fn.VendorID, err = at("vendor").hexID(); err != nil {
 		return fn, err
 	}
-	numaPath := filepath.Join(dir, "numa_node")
-	v, err := readAttr(numaPath)
+	if fn.DeviceID, err = at("device").hexID(); err != nil {
+		return fn, err
+	}
+	v, err := at("numa_node").read()
 	if err != nil {
 		return fn, err
 	}
 	if fn.NUMANode, err = strconv.Atoi(v); err != nil || fn.NUMANode < -1 {
-		return fn, fmt.Errorf("%s: want a NUMA node number or -1, got %q", numaPath, v)
+		return fn, fmt.Errorf("%s: want a NUMA node number or -1, got %q", filepath.Join(dir, "numa_node"), v)
 	}
-	if fn.Driver, err = s.linkBase(realDir, "driver"); err != nil {
+	if fn.Driver, err = s.linkBase(at("driver"), realDir); err != nil {
 		return fn, err
 	}
-	if fn.IOMMUGroup, err = s.linkBase(realDir, "iommu_group"); err != nil {
+	if fn.IOMMUGroup, err = s.linkBase(at("iommu_group"), realDir); err != nil {
 		return fn, err
 	}
 	if fn.IOMMUGroup != "" && !isDigits(fn.IOMMUGroup) {
 		return fn, fmt.Errorf("%s: IOMMU group %q is not a number", filepath.Join(dir, "iommu_group"), fn.IOMMUGroup)
 	}
-	ov, err := readAttr(filepath.Join(dir, "driver_override"))
+	ov, err := at("driver_override").read()
 	switch {
 	case errors.Is(err, fs.ErrNotExist): // kernels before 3.16
 	case err != nil:
@@ -388,14 +374,99 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 	case ov != "(null)":
 		fn.DriverOverride = ov
 	}
-	netDir := filepath.Join(dir, "net")
-	names, err := readDirNames(netDir)
+	names, err := at("net").dirNames()
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fn, fmt.Errorf("list netdevs in %s: %w", netDir, err)
+		return fn, fmt.Errorf("list netdevs: %w", err)
 	}
 	slices.Sort(names)
 	fn.NetDevs = names
 	return fn, nil
+}
+
+// linkBase reads a symlink and returns the basename of its target after
+// checking the target exists. A missing link returns "", nil.
+func (s *scanner) linkBase(a attrAt, realDir string) (string, error) {
+	target, err := a.readlink()
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(a.dir, a.name)
+	if filepath.IsAbs(target) {
+		return "", fmt.Errorf("link %s points to absolute path %s", p, target)
+	}
+	if !s.pathExists(filepath.Join(realDir, target)) {
+		return "", fmt.Errorf("dangling link %s -> %s", p, target)
+	}
+	return filepath.Base(target), nil
+}
+
+// attrAt names an entry of an open directory; errors carry the full path.
+type attrAt struct {
+	dfd       int
+	dir, name string
+}
+
+func (a attrAt) err(op string, err error) error {
+	return &fs.PathError{Op: op, Path: filepath.Join(a.dir, a.name), Err: err}
+}
+
+func (a attrAt) read() (string, error) {
+	fd, err := unix.Openat(a.dfd, a.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", a.err("open", err)
+	}
+	var buf [128]byte
+	n, err := unix.Read(fd, buf[:])
+	unix.Close(fd)
+	if err != nil {
+		return "", a.err("read", err)
+	}
+	return strings.TrimSpace(string(buf[:max(n, 0)])), nil
+}
+
+func (a attrAt) hexID() (string, error) {
+	v, err := a.read()
+	if err != nil {
+		return "", err
+	}
+	id := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(v, "0x"), "0X"))
+	if len(id) != 4 || !isHex(id) {
+		return "", fmt.Errorf("%s: want a 16-bit hex ID like 0x8086, got %q", filepath.Join(a.dir, a.name), v)
+	}
+	return id, nil
+}
+
+func (a attrAt) readlink() (string, error) {
+	var buf [256]byte
+	n, err := unix.Readlinkat(a.dfd, a.name, buf[:])
+	if err != nil {
+		return "", a.err("readlink", err)
+	}
+	return string(buf[:n]), nil
+}
+
+func (a attrAt) dirNames() ([]string, error) {
+	fd, err := unix.Openat(a.dfd, a.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, a.err("open", err)
+	}
+	defer unix.Close(fd)
+	names, err := direntNames(fd)
+	if err != nil {
+		return nil, a.err("readdirent", err)
+	}
+	return names, nil
+}
+
+func openDir(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return fd, nil
 }
 
 func (h *Host) pcieRoot(bdf string) (string, error) {
@@ -529,29 +600,36 @@ func readAttr(path string) (string, error) {
 	return strings.TrimSpace(string(buf[:n])), nil
 }
 
-// readDirNames lists a directory with raw syscalls (open, getdents, close):
-// os.ReadDir costs several more calls per directory, and discovery lists
-// one net/ directory per VF.
+// readDirNames lists a directory with raw syscalls (open, getdents, close);
+// os.ReadDir costs several more calls per directory.
 func readDirNames(dir string) ([]string, error) {
-	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
 	}
-	defer syscall.Close(fd)
+	defer unix.Close(fd)
+	names, err := direntNames(fd)
+	if err != nil {
+		return nil, &fs.PathError{Op: "readdirent", Path: dir, Err: err}
+	}
+	return names, nil
+}
+
+func direntNames(fd int) ([]string, error) {
 	var names []string
 	buf := make([]byte, 2048)
 	for {
-		n, err := syscall.ReadDirent(fd, buf)
-		if err == syscall.EINTR {
+		n, err := unix.ReadDirent(fd, buf)
+		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return nil, &fs.PathError{Op: "readdirent", Path: dir, Err: err}
+			return nil, err
 		}
 		if n <= 0 {
 			return names, nil
 		}
-		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
 }
 
