@@ -1,0 +1,167 @@
+// Package product builds and runs the product's binaries for tests in this
+// module. The product module uses k8s.io/* v0.37 while this module pins
+// KubeVirt's v0.34.2, so the product is exercised as a separate process over
+// its real interfaces (socket, flags, files), built from the product module.
+package product
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ThisModule is the module path of test/kubevirt.
+const ThisModule = "github.com/vfnet-io/vfnet/test/kubevirt"
+
+// ModuleDir finds test/kubevirt by walking up from the working directory.
+func ModuleDir() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("working directory: %w", err)
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.Contains(string(data), "module "+ThisModule+"\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run from inside test/kubevirt: go.mod of " + ThisModule + " not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// RepoRoot is the product module's root (two levels above test/kubevirt).
+func RepoRoot() (string, error) {
+	m, err := ModuleDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Clean(filepath.Join(m, "..", "..")), nil
+}
+
+// BindingPackage is the product's binding sidecar main package.
+const BindingPackage = "./cmd/vfnet-binding"
+
+// HasBinding reports whether the product tree contains cmd/vfnet-binding.
+func HasBinding() (bool, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Stat(filepath.Join(root, BindingPackage, "main.go"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Build runs `go build -C <repo root> -o out pkg`.
+func Build(ctx context.Context, pkg, out string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-C", root, "-o", out, pkg)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s in %s: %w\n%s", pkg, root, err, b)
+	}
+	return nil
+}
+
+// Sidecar is a running hook sidecar process.
+type Sidecar struct {
+	Cmd    *exec.Cmd
+	Socket string
+	done   chan error
+}
+
+// BindingSocket is where vfnet-binding serves for a binding name.
+func BindingSocket(socketDir, binding string) string {
+	return filepath.Join(socketDir, "vfnet-"+binding+".sock")
+}
+
+// StartBinding starts vfnet-binding with the given dirs and binding name and
+// waits until its socket exists.
+func StartBinding(ctx context.Context, bin, socketDir, metadataRoot, binding string, stderr *os.File) (*Sidecar, error) {
+	cmd := exec.Command(bin, "--socket-dir", socketDir, "--metadata-root", metadataRoot)
+	cmd.Env = append(os.Environ(), "NETWORK_BINDING_PLUGIN_NAME="+binding)
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	return Start(ctx, cmd, BindingSocket(socketDir, binding))
+}
+
+// Start starts cmd and waits until socket exists (or the process exits).
+func Start(ctx context.Context, cmd *exec.Cmd, socket string) (*Sidecar, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	s := &Sidecar{Cmd: cmd, Socket: socket, done: make(chan error, 1)}
+	go func() { s.done <- cmd.Wait() }()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(socket); err == nil {
+			return s, nil
+		}
+		select {
+		case err := <-s.done:
+			s.done <- err
+			return nil, fmt.Errorf("%s exited before serving %s: %v", cmd.Path, socket, err)
+		case <-ctx.Done():
+			_ = s.Stop()
+			return nil, fmt.Errorf("%s did not create %s: %w", cmd.Path, socket, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Exited returns the process's exit error once it has exited, or false.
+func (s *Sidecar) Exited(timeout time.Duration) (error, bool) {
+	select {
+	case err := <-s.done:
+		s.done <- err
+		return err, true
+	case <-time.After(timeout):
+		return nil, false
+	}
+}
+
+// Stop sends SIGTERM, waits up to 5 s, then kills. Returns the exit error.
+func (s *Sidecar) Stop() error {
+	_ = s.Cmd.Process.Signal(syscall.SIGTERM)
+	if err, ok := s.Exited(5 * time.Second); ok {
+		return err
+	}
+	_ = s.Cmd.Process.Kill()
+	err, _ := s.Exited(5 * time.Second)
+	return err
+}
+
+// RSSKiB reads VmRSS of pid from /proc.
+func RSSKiB(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read status of pid %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kib int
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib); err != nil {
+				return 0, fmt.Errorf("parse VmRSS %q of pid %d: %w", rest, pid, err)
+			}
+			return kib, nil
+		}
+	}
+	return 0, fmt.Errorf("pid %d: no VmRSS in /proc status", pid)
+}
