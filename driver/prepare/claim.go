@@ -1,0 +1,333 @@
+package prepare
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/driver/cdi"
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/pcibind"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// Hook step names (besides pcibind's): the crash tests stop after each.
+const (
+	StepCheckpointRecorded    = "checkpoint-recorded"
+	StepCheckpointBinding     = "checkpoint-binding"
+	StepCDIWritten            = "cdi-written"
+	StepStatusUpdated         = "status-updated"
+	StepCheckpointPrepared    = "checkpoint-prepared"
+	StepCheckpointUnpreparing = "checkpoint-unpreparing"
+	StepCDIRemoved            = "cdi-removed"
+	StepCheckpointDropped     = "checkpoint-dropped"
+)
+
+func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim, discover func() ([]sysfs.PF, error)) ([]kubeletplugin.Device, error) {
+	logger := klog.FromContext(ctx)
+	results, err := s.ourResults(claim)
+	if err != nil {
+		return nil, err
+	}
+	if len(results) == 0 {
+		return []kubeletplugin.Device{}, nil
+	}
+	entry := s.entry(claim.UID)
+	if entry != nil && entry.Phase == checkpoint.PhasePrepared {
+		// Repeated call: the host is prepared; change nothing.
+		return s.deviceResults(claim.UID, entry), nil
+	}
+	if entry == nil {
+		if entry, err = s.record(ctx, claim, results, discover); err != nil {
+			return nil, err
+		}
+		s.hook(StepCheckpointRecorded)
+	} else {
+		// An earlier prepare or unprepare was interrupted (crash, error
+		// during rollback). The originals were recorded before the host
+		// was touched, so going forward again is safe.
+		logger.Info("Continuing interrupted work on claim", "phase", entry.Phase)
+		entry.Phase = checkpoint.PhasePreparing
+		if err := s.update(claim.UID, entry); err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	}
+	if err := s.forward(ctx, claim, entry); err != nil {
+		// Roll back even if the kubelet gave up on the call.
+		rctx := context.WithoutCancel(ctx)
+		if rerr := s.undo(rctx, claim.UID, entry); rerr != nil {
+			return nil, fmt.Errorf("prepare claim %s/%s: %w; rolling back failed too, the claim stays in the checkpoint and unprepare retries: %v", claim.Namespace, claim.Name, err, rerr)
+		}
+		if derr := s.update(claim.UID, nil); derr != nil {
+			return nil, fmt.Errorf("prepare claim %s/%s: %w; host restored but dropping the checkpoint entry failed: %v", claim.Namespace, claim.Name, err, derr)
+		}
+		return nil, fmt.Errorf("prepare claim %s/%s: %w (everything done for the claim was undone)", claim.Namespace, claim.Name, err)
+	}
+	return s.deviceResults(claim.UID, entry), nil
+}
+
+// record plans the claim, captures the original state of every VF and
+// writes it to the checkpoint before anything on the host changes.
+func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult, discover func() ([]sysfs.PF, error)) (*checkpoint.Claim, error) {
+	plans, err := s.makePlans(ctx, claim, results, discover)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.binder.CheckVFIOLoaded(); err != nil {
+		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PhasePreparing}
+	for _, p := range plans {
+		d := checkpoint.Device{
+			Request: p.result.Request, Pool: p.result.Pool, Device: p.result.Device,
+			BDF: p.ref.Address, PFAddress: p.ref.PFAddress, PFNetDev: p.ref.PFName, VFIndex: p.ref.VFIndex,
+			Step:           checkpoint.StepConfiguring,
+			OriginalDriver: p.ref.VF.Driver,
+		}
+		if d.OriginalOverride, err = s.binder.Override(d.BDF); err != nil {
+			return nil, stepError(d, "read original state", err)
+		}
+		if d.Original, err = s.opts.Links.VF(d.PFNetDev, d.VFIndex); err != nil {
+			return nil, stepError(d, "read original VF link settings", err)
+		}
+		d.Applied = p.config.Apply(d.Original, p.mac)
+		entry.Devices = append(entry.Devices, d)
+	}
+	// The holder check and the write happen under one lock: two claims can
+	// never both reserve a VF.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range entry.Devices {
+		if uid, other, ok := s.holderLocked(d.BDF); ok && uid != claim.UID {
+			return nil, fmt.Errorf("claim %s/%s: %s is already prepared for claim %s/%s (uid %s); a VF is never given to two claims, unprepare that claim first",
+				claim.Namespace, claim.Name, describe(d), other.Namespace, other.Name, uid)
+		}
+	}
+	next := s.cp.Clone()
+	next.Claims[claim.UID] = entry
+	if err := s.store.Save(next); err != nil {
+		return nil, fmt.Errorf("claim %s/%s: record original VF state: %w", claim.Namespace, claim.Name, err)
+	}
+	s.cp = next.Clone()
+	return entry, nil
+}
+
+// forward makes the claim's devices prepared, from whatever step they are
+// at. Every host operation is idempotent.
+func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, entry *checkpoint.Claim) error {
+	for _, d := range entry.Devices {
+		if err := s.setLink(d.PFNetDev, d.VFIndex, d.Applied); err != nil {
+			return stepError(d, "apply VF link settings through the PF", err)
+		}
+	}
+	for i := range entry.Devices {
+		if entry.Devices[i].Step.Order() < checkpoint.StepBinding.Order() {
+			entry.Devices[i].Step = checkpoint.StepBinding
+		}
+	}
+	if err := s.update(claim.UID, entry); err != nil {
+		return err
+	}
+	s.hook(StepCheckpointBinding)
+	cdiDevs := make([]cdi.Device, 0, len(entry.Devices))
+	for i := range entry.Devices {
+		d := &entry.Devices[i]
+		bd, err := s.binder.BindVFIO(ctx, d.BDF, s.opts.VFIOTimeout)
+		if err != nil {
+			return stepError(*d, "bind to vfio-pci", err)
+		}
+		d.IOMMUGroup, d.DevNode = bd.IOMMUGroup, bd.DevNode
+		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
+	}
+	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
+		return fmt.Errorf("write CDI spec: %w", err)
+	}
+	s.hook(StepCDIWritten)
+	if err := s.setStatus(ctx, claim, entry.Devices); err != nil {
+		return fmt.Errorf("update claim status.devices: %w", err)
+	}
+	s.hook(StepStatusUpdated)
+	for i := range entry.Devices {
+		entry.Devices[i].Step = checkpoint.StepBound
+	}
+	entry.Phase = checkpoint.PhasePrepared
+	if err := s.update(claim.UID, entry); err != nil {
+		return err
+	}
+	s.hook(StepCheckpointPrepared)
+	return nil
+}
+
+// undo restores every device of the entry to its original state. It marks
+// the claim Unpreparing first so that a crash in the middle is finished by
+// the next call instead of being mistaken for a prepared claim.
+func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim) error {
+	logger := klog.FromContext(ctx)
+	entry.Phase = checkpoint.PhaseUnpreparing
+	if err := s.update(uid, entry); err != nil {
+		return err
+	}
+	s.hook(StepCheckpointUnpreparing)
+	var errs []error
+	if err := s.cdi.Remove(uid); err != nil {
+		errs = append(errs, err)
+	}
+	s.hook(StepCDIRemoved)
+	for i := len(entry.Devices) - 1; i >= 0; i-- {
+		d := entry.Devices[i]
+		if _, err := s.opts.Sysfs.Function(d.BDF); pcibind.IsNotExist(err) {
+			// The VF (or its PF) is gone: nothing is left to restore.
+			logger.Info("VF disappeared, nothing to restore", "device", d.Device, "bdf", d.BDF)
+			continue
+		}
+		// Link settings first: the original driver then probes the VF
+		// with its original MAC.
+		if err := s.setLink(d.PFNetDev, d.VFIndex, d.Original); err != nil {
+			errs = append(errs, stepError(d, "restore VF link settings", err))
+		}
+		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+			if err := s.binder.Restore(ctx, d.BDF, d.OriginalDriver, d.OriginalOverride); err != nil {
+				errs = append(errs, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(joinErrs(errs))
+	}
+	return nil
+}
+
+func (s *State) unprepareClaim(ctx context.Context, c kubeletplugin.NamespacedObject) error {
+	entry := s.entry(c.UID)
+	if entry == nil {
+		return nil // never prepared here, or already unprepared
+	}
+	if err := s.undo(ctx, c.UID, entry); err != nil {
+		return fmt.Errorf("unprepare claim %s: %w (the claim stays in the checkpoint; the next unprepare retries)", c.NamespacedName, err)
+	}
+	s.clearStatus(ctx, c)
+	if err := s.update(c.UID, nil); err != nil {
+		return fmt.Errorf("unprepare claim %s: host restored, but %w", c.NamespacedName, err)
+	}
+	s.hook(StepCheckpointDropped)
+	return nil
+}
+
+// setLink makes the VF's settings equal want, changing only what differs.
+func (s *State) setLink(pf string, vf int, want vflink.VFState) error {
+	l := s.opts.Links
+	cur, err := l.VF(pf, vf)
+	if err != nil {
+		return err
+	}
+	if want.MAC != nil && !bytes.Equal(cur.MAC, want.MAC) {
+		if err := l.SetMAC(pf, vf, want.MAC); err != nil {
+			return err
+		}
+		s.hook("link-mac")
+	}
+	proto := func(p string) string {
+		if p == "" {
+			return vflink.VLANProto8021Q
+		}
+		return p
+	}
+	if cur.VLAN != want.VLAN || cur.QoS != want.QoS || proto(cur.VLANProto) != proto(want.VLANProto) {
+		if err := l.SetVLAN(pf, vf, want.VLAN, want.QoS, proto(want.VLANProto)); err != nil {
+			return err
+		}
+		s.hook("link-vlan")
+	}
+	if cur.SpoofChk != want.SpoofChk {
+		if err := l.SetSpoofChk(pf, vf, want.SpoofChk); err != nil {
+			return err
+		}
+		s.hook("link-spoofchk")
+	}
+	if cur.Trust != want.Trust {
+		if err := l.SetTrust(pf, vf, want.Trust); err != nil {
+			return err
+		}
+		s.hook("link-trust")
+	}
+	if want.LinkState != "" && cur.LinkState != want.LinkState {
+		if err := l.SetLinkState(pf, vf, want.LinkState); err != nil {
+			return err
+		}
+		s.hook("link-state")
+	}
+	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
+		if err := l.SetRate(pf, vf, want.MinTxRateMbps, want.MaxTxRateMbps); err != nil {
+			return err
+		}
+		s.hook("link-rate")
+	}
+	return nil
+}
+
+// deviceResults is what the kubelet (and the metadata files) get.
+func (s *State) deviceResults(uid types.UID, entry *checkpoint.Claim) []kubeletplugin.Device {
+	var published []discovery.Device
+	if s.opts.Published != nil {
+		published = s.opts.Published()
+	}
+	out := make([]kubeletplugin.Device, 0, len(entry.Devices))
+	for _, d := range entry.Devices {
+		md := &kubeletplugin.DeviceMetadata{Attributes: s.attributes(d, published)}
+		if hw := macString(d.Applied.MAC); hw != "" {
+			md.NetworkData = &resourceapi.NetworkDeviceData{HardwareAddress: hw}
+		}
+		out = append(out, kubeletplugin.Device{
+			Requests:     []string{d.Request},
+			PoolName:     d.Pool,
+			DeviceName:   d.Device,
+			CDIDeviceIDs: []string{cdi.DeviceID(uid, d.Device)},
+			Metadata:     md,
+		})
+	}
+	return out
+}
+
+// macString is "" for an unset (all-zero) MAC: the VF then has no
+// administratively set address to report.
+func macString(mac net.HardwareAddr) string {
+	if len(mac) == 0 || bytes.Equal(mac, make(net.HardwareAddr, len(mac))) {
+		return ""
+	}
+	return mac.String()
+}
+
+// attributes are the device's published attributes (pciBusID among them).
+// If the device is not in the published set (configuration changed since
+// allocation), they are derived from sysfs, without the network name.
+func (s *State) attributes(d checkpoint.Device, published []discovery.Device) map[string]resourceapi.DeviceAttribute {
+	i := slices.IndexFunc(published, func(p discovery.Device) bool { return p.Name == d.Device })
+	var dev discovery.Device
+	if i >= 0 {
+		dev = published[i]
+	} else {
+		dev = discovery.Device{Name: d.Device, Address: d.BDF, VFIndex: d.VFIndex, PFAddress: d.PFAddress, PFName: d.PFNetDev, NUMANode: -1}
+		if fn, err := s.opts.Sysfs.Function(d.BDF); err == nil {
+			dev.VendorID, dev.DeviceID, dev.NUMANode, dev.PCIeRoot = fn.VendorID, fn.DeviceID, fn.NUMANode, fn.PCIeRoot
+		}
+	}
+	attrs := dev.Attributes()
+	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))
+	for k, v := range attrs {
+		if v.StringValue != nil && *v.StringValue == "" {
+			continue
+		}
+		out[string(k)] = v
+	}
+	return out
+}

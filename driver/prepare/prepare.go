@@ -1,0 +1,336 @@
+// Package prepare implements NodePrepareResources and NodeUnprepareResources
+// for vfnet: per allocated VF it applies the claim's VFConfig through the PF,
+// binds the VF to vfio-pci, writes the CDI spec, reports metadata and the
+// claim's device status, and undoes all of it exactly.
+//
+// Crash safety: every host change is preceded by a checkpoint write that
+// says what is about to change and what the original state was (see
+// driver/checkpoint). Each host operation is idempotent, so a restarted
+// driver converges: a repeated prepare continues an interrupted one, an
+// unprepare undoes whatever was done.
+package prepare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/driver/cdi"
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/vfconfig"
+	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
+	"github.com/vfnet-io/vfnet/pkg/pcibind"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// MACFinder finds the MAC the VM expects for a claim's request
+// (maclookup.Lookup in production).
+type MACFinder interface {
+	MACFor(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (maclookup.Result, bool, error)
+}
+
+// Options are the dependencies of a State.
+type Options struct {
+	// DriverName defaults to discovery.DriverName.
+	DriverName string
+	// NodeName is the node and the pool name of our devices.
+	NodeName string
+	Sysfs    *sysfs.Host
+	Writer   sysfs.Writer
+	Links    vflink.Links
+	// DevRoot holds vfio/ ("/dev").
+	DevRoot string
+	// CheckpointPath is the checkpoint file (in the plugin data directory).
+	CheckpointPath string
+	// CDIRoot is the CDI spec directory (--cdi-root).
+	CDIRoot string
+	// Kube updates claim status; nil skips status updates.
+	Kube kubernetes.Interface
+	// MACs finds VM interface MACs; nil keeps the VF's MAC unless the
+	// config sets one.
+	MACs MACFinder
+	// Published returns the devices currently published, so metadata
+	// carries the same attributes as the ResourceSlice (nil: attributes are
+	// derived from sysfs without the network name).
+	Published func() []discovery.Device
+	// VFIOTimeout bounds the wait for /dev/vfio/<group> (default 30s).
+	VFIOTimeout time.Duration
+	// Hook, if set, is called after each checkpoint write and host change
+	// with the step's name. Crash tests stop the process there.
+	Hook func(step string)
+}
+
+// State prepares and unprepares claims. It is safe for concurrent use.
+type State struct {
+	opts   Options
+	store  checkpoint.Store
+	cdi    cdi.Writer
+	binder pcibind.Binder
+
+	mu sync.Mutex
+	// cp is the checkpoint as last written; guarded by mu. Writes happen
+	// under mu so the file always matches cp.
+	cp *checkpoint.File
+	// busy holds claims being worked on, so concurrent calls for one claim
+	// cannot interleave.
+	busy map[types.UID]bool
+}
+
+// New loads the checkpoint. A corrupt checkpoint is an error: the driver
+// must not start and guess what it changed on the host.
+func New(opts Options) (*State, error) {
+	if opts.DriverName == "" {
+		opts.DriverName = discovery.DriverName
+	}
+	if opts.NodeName == "" || opts.Sysfs == nil || opts.Writer == nil || opts.Links == nil || opts.CheckpointPath == "" || opts.CDIRoot == "" {
+		return nil, errors.New("prepare: NodeName, Sysfs, Writer, Links, CheckpointPath and CDIRoot are required")
+	}
+	if opts.DevRoot == "" {
+		opts.DevRoot = "/dev"
+	}
+	if opts.VFIOTimeout <= 0 {
+		opts.VFIOTimeout = 30 * time.Second
+	}
+	store := checkpoint.Store{Path: opts.CheckpointPath}
+	cp, err := store.Load()
+	if err != nil {
+		return nil, err
+	}
+	s := &State{
+		opts:  opts,
+		store: store,
+		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot},
+		binder: pcibind.Binder{Sysfs: opts.Sysfs, Writer: opts.Writer, DevRoot: opts.DevRoot, NodeName: opts.NodeName,
+			Hook: opts.Hook},
+		cp:   cp,
+		busy: map[types.UID]bool{},
+	}
+	return s, nil
+}
+
+func (s *State) hook(step string) {
+	if s.opts.Hook != nil {
+		s.opts.Hook(step)
+	}
+}
+
+// Owned reports whether vfnet holds the VF at bdf for some claim (it may
+// have bound it to vfio-pci itself).
+func (s *State) Owned(bdf string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _, ok := s.holderLocked(bdf)
+	return ok
+}
+
+// Snapshot returns a copy of the checkpoint (for tests and diagnostics).
+func (s *State) Snapshot() *checkpoint.File {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cp.Clone()
+}
+
+func (s *State) holderLocked(bdf string) (types.UID, *checkpoint.Claim, bool) {
+	for uid, c := range s.cp.Claims {
+		for _, d := range c.Devices {
+			if d.BDF == bdf {
+				return uid, c, true
+			}
+		}
+	}
+	return "", nil, false
+}
+
+// update changes the claim's entry (nil removes it) and writes the
+// checkpoint; on a write error the in-memory copy is left as it was.
+func (s *State) update(uid types.UID, c *checkpoint.Claim) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := s.cp.Clone()
+	if c == nil {
+		delete(next.Claims, uid)
+	} else {
+		cc := *c
+		cc.Devices = slices.Clone(c.Devices)
+		next.Claims[uid] = &cc
+	}
+	if err := s.store.Save(next); err != nil {
+		return err
+	}
+	s.cp = next
+	return nil
+}
+
+func (s *State) entry(uid types.UID) *checkpoint.Claim {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.cp.Claims[uid]
+	if !ok {
+		return nil
+	}
+	cc := *c
+	cc.Devices = slices.Clone(c.Devices)
+	return &cc
+}
+
+func (s *State) acquire(uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy[uid] {
+		return false
+	}
+	s.busy[uid] = true
+	return true
+}
+
+func (s *State) release(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.busy, uid)
+}
+
+// Prepare implements plugin.ClaimPreparer.
+func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var pfs []sysfs.PF // discovered at most once per call
+	discover := func() ([]sysfs.PF, error) {
+		if pfs != nil {
+			return pfs, nil
+		}
+		var err error
+		pfs, err = s.opts.Sysfs.Discover(ctx)
+		return pfs, err
+	}
+	for _, claim := range claims {
+		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", klog.KObj(claim), "claimUID", claim.UID)
+		cctx := klog.NewContext(ctx, logger)
+		if !s.acquire(claim.UID) {
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: another prepare or unprepare of this claim is in progress", claim.Namespace, claim.Name)}
+			continue
+		}
+		devs, err := s.prepareClaim(cctx, claim, discover)
+		s.release(claim.UID)
+		if err != nil {
+			logger.Error(err, "Prepare failed")
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		out[claim.UID] = kubeletplugin.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+// Unprepare implements plugin.ClaimPreparer.
+func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", c.NamespacedName, "claimUID", c.UID)
+		cctx := klog.NewContext(ctx, logger)
+		if !s.acquire(c.UID) {
+			out[c.UID] = fmt.Errorf("claim %s: another prepare or unprepare of this claim is in progress", c.NamespacedName)
+			continue
+		}
+		err := s.unprepareClaim(cctx, c)
+		s.release(c.UID)
+		if err != nil {
+			logger.Error(err, "Unprepare failed")
+		}
+		out[c.UID] = err
+	}
+	return out, nil
+}
+
+// plan is what prepare will do for one device, computed before the host is
+// touched.
+type plan struct {
+	result resourceapi.DeviceRequestAllocationResult
+	ref    discovery.VFRef
+	config v1alpha1.VFConfig
+	mac    net.HardwareAddr // nil: keep the VF's MAC
+}
+
+// ourResults are the allocation results this driver must prepare.
+func (s *State) ourResults(claim *resourceapi.ResourceClaim) ([]resourceapi.DeviceRequestAllocationResult, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	var out []resourceapi.DeviceRequestAllocationResult
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != s.opts.DriverName {
+			continue
+		}
+		if r.Pool != s.opts.NodeName {
+			return nil, fmt.Errorf("claim %s/%s: device %s is allocated from pool %q, but this is node %q", claim.Namespace, claim.Name, r.Device, r.Pool, s.opts.NodeName)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// makePlans resolves devices, configs and MACs without touching the host.
+func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult, discover func() ([]sysfs.PF, error)) ([]plan, error) {
+	pfs, err := discover()
+	if err != nil {
+		return nil, fmt.Errorf("read SR-IOV devices from sysfs: %w", err)
+	}
+	plans := make([]plan, 0, len(results))
+	for _, r := range results {
+		ref, err := discovery.Find(pfs, r.Device)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s request %q: %w", claim.Namespace, claim.Name, r.Request, err)
+		}
+		if ref.PFName == "" {
+			return nil, fmt.Errorf("device %s (VF %s): its PF %s has no netdev, so VF settings cannot be applied; bind the PF to its network driver", r.Device, ref.Address, ref.PFAddress)
+		}
+		cfg, err := vfconfig.ForRequest(claim, s.opts.DriverName, r.Request)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", r.Device, err)
+		}
+		p := plan{result: r, ref: ref, config: cfg}
+		if cfg.MAC != nil {
+			p.mac, _ = v1alpha1.ParseMAC(*cfg.MAC) // validated by ForRequest
+		} else if s.opts.MACs != nil {
+			res, found, err := s.opts.MACs.MACFor(ctx, claim, r.Request)
+			if err != nil {
+				return nil, fmt.Errorf("device %s: find the VM interface MAC: %w", r.Device, err)
+			}
+			if found {
+				p.mac = res.MAC
+				klog.FromContext(ctx).V(4).Info("Using VM interface MAC", "device", r.Device, "vmi", res.VMI, "interface", res.Interface, "mac", res.MAC)
+			}
+		}
+		plans = append(plans, p)
+	}
+	return plans, nil
+}
+
+func describe(d checkpoint.Device) string {
+	return fmt.Sprintf("VF %s (%s, %s vf %d)", d.BDF, d.Device, d.PFNetDev, d.VFIndex)
+}
+
+// stepError names the VF, the step and the cause.
+func stepError(d checkpoint.Device, step string, err error) error {
+	return fmt.Errorf("%s: %s: %w", describe(d), step, err)
+}
+
+func joinErrs(errs []error) string {
+	parts := make([]string, len(errs))
+	for i, e := range errs {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, "; ")
+}
