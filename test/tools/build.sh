@@ -8,6 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
 key=$( (cat "$here/go.sum" "$here/go.mod"; go version) | sha256sum | cut -c1-16)
 out="$cache/k8s-bin/$key"
+# --dir: print where the binaries belong without building (the Go harness
+# uses it to find a warm cache and to name the directory in its error).
+if [ "${1:-}" = "--dir" ]; then echo "$out"; exit 0; fi
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ] \
    && [ -x "$out/kube-scheduler" ] && [ -x "$out/kube-controller-manager" ]; then
   echo "$out"; exit 0
