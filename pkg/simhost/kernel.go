@@ -251,7 +251,7 @@ func (h *Host) bind(drv, bdf string) error {
 	if h.boundDriver(dir) != "" {
 		return syscall.EBUSY
 	}
-	return h.probe(drv, bdf, dir)
+	return h.run(intent{Op: opProbe, Drv: drv, BDF: bdf, Dir: dir})
 }
 
 // unbind is unbind_store: ENODEV unless the device is bound to drv.
@@ -263,7 +263,7 @@ func (h *Host) unbind(drv, bdf string) error {
 	if h.boundDriver(dir) != drv {
 		return syscall.ENODEV
 	}
-	return h.release(drv, bdf, dir)
+	return h.run(intent{Op: opRelease, Drv: drv, BDF: bdf, Dir: dir})
 }
 
 // release is what a driver's remove does, then the driver core unlinks.
@@ -292,10 +292,12 @@ func (h *Host) release(drv, bdf, dir string) error {
 			return err
 		}
 	}
-	if err := h.t.remove(dir + "/driver"); err != nil {
+	// The device's driver link goes last: until then a re-run after an
+	// interruption still sees the device as bound.
+	if err := h.t.remove(pciDrivers + "/" + drv + "/" + bdf); err != nil {
 		return err
 	}
-	return h.t.remove(pciDrivers + "/" + drv + "/" + bdf)
+	return h.t.remove(dir + "/driver")
 }
 
 // vfioRelease drops /dev/vfio/<group> when the last vfio-pci member of the
@@ -313,7 +315,9 @@ func (h *Host) vfioRelease(bdf, dir string) error {
 		t.Stop()
 		delete(h.timers, num)
 	}
-	noiommu := false
+	// On a noiommu host every group vfio-pci sees is one vfio allocated
+	// (functions have none of their own); the name file says so too.
+	noiommu := h.st.Spec.NoIOMMU
 	if name, err := h.t.read(g + "/name"); err == nil && name == sysfs.NoIOMMUGroupName {
 		noiommu = true
 	}
@@ -321,6 +325,7 @@ func (h *Host) vfioRelease(bdf, dir string) error {
 	if noiommu {
 		node = "noiommu-" + num
 	}
+	h.t.step()
 	if err := os.Remove(filepath.Join(h.devRoot, "vfio", node)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -333,6 +338,8 @@ func (h *Host) vfioRelease(bdf, dir string) error {
 }
 
 // leaveGroup removes the device from its group and the group when empty.
+// The device's own iommu_group link goes last: a re-run after an
+// interruption still finds the group through it.
 func (h *Host) leaveGroup(bdf, dir string) error {
 	g, err := h.t.readlink(dir + "/iommu_group")
 	if err != nil {
@@ -341,13 +348,12 @@ func (h *Host) leaveGroup(bdf, dir string) error {
 	if err := h.t.remove(g + "/devices/" + bdf); err != nil {
 		return err
 	}
-	if err := h.t.remove(dir + "/iommu_group"); err != nil {
-		return err
-	}
 	if ents, err := os.ReadDir(h.t.abs(g + "/devices")); err == nil && len(ents) == 0 {
-		return h.t.removeAll(g)
+		if err := h.t.removeAll(g); err != nil {
+			return err
+		}
 	}
-	return nil
+	return h.t.remove(dir + "/iommu_group")
 }
 
 // setOverride is driver_override's store: empty or "\n" clears, the value
@@ -376,7 +382,7 @@ func (h *Host) driversProbe(bdf string) error {
 		return nil
 	}
 	if drv := h.matchDriver(bdf, dir, h.override(dir)); drv != "" {
-		_ = h.probe(drv, bdf, dir)
+		_ = h.run(intent{Op: opProbe, Drv: drv, BDF: bdf, Dir: dir})
 	}
 	return nil
 }
@@ -424,7 +430,7 @@ func (h *Host) newID(drv, val string) error {
 		if err != nil || h.boundDriver(dir) != "" || !h.matches(drv, dir) {
 			continue
 		}
-		_ = h.probe(drv, e.Name(), dir)
+		_ = h.run(intent{Op: opProbe, Drv: drv, BDF: e.Name(), Dir: dir})
 	}
 	return nil
 }
@@ -467,28 +473,11 @@ func (h *Host) setNumVFs(bdf, dir, val string) error {
 		// "no driver bound to device; cannot configure SR-IOV"
 		return syscall.ENOENT
 	}
-	if n == 0 {
-		return h.disableVFs(pf, dir)
-	}
-	if cur != 0 {
+	if n != 0 && cur != 0 {
 		// "%d VFs already enabled. Disable before enabling %d VFs"
 		return syscall.EBUSY
 	}
-	used, err := h.usedGroups()
-	if err != nil {
-		return err
-	}
-	next := h.st.Spec.FirstIOMMUGroup
-	return h.enableVFs(pf, dir, n, func() int {
-		if h.st.Spec.NoIOMMU {
-			return -1
-		}
-		for used[next] {
-			next++
-		}
-		used[next] = true
-		return next
-	}, false)
+	return h.run(intent{Op: opNumVFs, BDF: bdf, Dir: dir, N: n})
 }
 
 func mustRead(t tree, rel string) string {
@@ -497,25 +486,23 @@ func mustRead(t tree, rel string) string {
 }
 
 // disableVFs removes every VF of pf: drivers are released, devices, links
-// and groups go, and the PF driver forgets the VF settings.
+// and groups go, and the PF driver forgets the VF settings. It visits every
+// possible VF address, not only the virtfn links, so it also cleans up
+// after an enable that was interrupted before linking a VF.
 func (h *Host) disableVFs(pf *PFSpec, pfDir string) error {
-	ents, err := os.ReadDir(h.t.abs(pfDir))
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), "virtfn") {
-			continue
-		}
-		link := pfDir + "/" + e.Name()
-		vfDir, err := h.t.readlink(link)
+	parent := pfDir[:strings.LastIndexByte(pfDir, '/')]
+	for i := 0; i < pf.TotalVFs; i++ {
+		bdf, err := vfAddress(pf.Address, pf.VFOffset, pf.VFStride, i)
 		if err != nil {
 			return err
 		}
-		if err := h.removeFunction(path.Base(vfDir), vfDir); err != nil {
-			return err
+		vfDir := parent + "/" + bdf
+		if h.t.exists(vfDir) || h.t.exists(busLink(bdf)) {
+			if err := h.removeFunction(bdf, vfDir); err != nil {
+				return err
+			}
 		}
-		if err := h.t.remove(link); err != nil {
+		if err := h.t.remove(pfDir + "/virtfn" + strconv.Itoa(i)); err != nil {
 			return err
 		}
 	}
@@ -550,12 +537,7 @@ func (h *Host) RemovePF(bdf string) error {
 	if err != nil {
 		return fmt.Errorf("remove PF %s: no such device", bdf)
 	}
-	if pf := h.pfs[bdf]; pf != nil {
-		if err := h.disableVFs(pf, dir); err != nil {
-			return fmt.Errorf("remove PF %s: %w", bdf, err)
-		}
-	}
-	if err := h.removeFunction(bdf, dir); err != nil {
+	if err := h.run(intent{Op: opRemovePF, BDF: bdf, Dir: dir}); err != nil {
 		return fmt.Errorf("remove PF %s: %w", bdf, err)
 	}
 	return nil

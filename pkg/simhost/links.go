@@ -42,7 +42,7 @@ type Links struct {
 	fails []failRule
 	cache struct {
 		ino, size, mtime int64
-		m           map[string]vflink.VFState
+		m                map[string]vflink.VFState
 	}
 }
 

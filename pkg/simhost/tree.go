@@ -15,11 +15,30 @@ import (
 // tree writes and reads a sysfs-shaped directory. All rel paths are
 // slash-separated and relative to the sysfs root; links are created with
 // relative targets, as the kernel shows them.
-type tree struct{ root string }
+type tree struct {
+	root string
+	// crash, when set, counts down mutating steps and panics with
+	// errCrashed at zero: the crash-consistency test uses it to stop an
+	// operation between any two of its effects.
+	crash *int
+}
+
+type crashed struct{}
+
+func (t tree) step() {
+	if t.crash == nil {
+		return
+	}
+	*t.crash--
+	if *t.crash == 0 {
+		panic(crashed{})
+	}
+}
 
 func (t tree) abs(rel string) string { return filepath.Join(t.root, filepath.FromSlash(rel)) }
 
 func (t tree) mkdir(rel string) error {
+	t.step()
 	err := os.Mkdir(t.abs(rel), 0o755)
 	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
@@ -27,11 +46,15 @@ func (t tree) mkdir(rel string) error {
 	return nil
 }
 
-func (t tree) mkdirAll(rel string) error { return os.MkdirAll(t.abs(rel), 0o755) }
+func (t tree) mkdirAll(rel string) error {
+	t.step()
+	return os.MkdirAll(t.abs(rel), 0o755)
+}
 
 // write creates or replaces a small attribute file. Raw syscalls keep
 // building 1024 VFs well under a second.
 func (t tree) write(rel, content string, mode uint32) error {
+	t.step()
 	p := t.abs(rel)
 	fd, err := syscall.Open(p, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC|syscall.O_CLOEXEC, mode)
 	if err != nil {
@@ -52,8 +75,21 @@ func (t tree) read(rel string) (string, error) {
 
 // link creates linkRel -> target, where target is given relative to the root
 // and stored relative to linkRel's directory.
+// An existing link is replaced, so an interrupted operation can be re-run.
 func (t tree) link(linkRel, targetRel string) error {
-	return os.Symlink(kernfsTarget(linkRel, targetRel), t.abs(linkRel))
+	t.step()
+	target, p := kernfsTarget(linkRel, targetRel), t.abs(linkRel)
+	err := os.Symlink(target, p)
+	if errors.Is(err, fs.ErrExist) {
+		if old, rerr := os.Readlink(p); rerr == nil && old == target {
+			return nil
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		return os.Symlink(target, p)
+	}
+	return err
 }
 
 // kernfsTarget is the relative target sysfs shows for a link: it climbs
@@ -96,6 +132,7 @@ func (t tree) exists(rel string) bool {
 }
 
 func (t tree) remove(rel string) error {
+	t.step()
 	err := os.Remove(t.abs(rel))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -103,7 +140,10 @@ func (t tree) remove(rel string) error {
 	return err
 }
 
-func (t tree) removeAll(rel string) error { return os.RemoveAll(t.abs(rel)) }
+func (t tree) removeAll(rel string) error {
+	t.step()
+	return os.RemoveAll(t.abs(rel))
+}
 
 // Layout helpers.
 
