@@ -1,0 +1,367 @@
+package watch_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+)
+
+func ifacesOf(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) []kubevirtvmi.ClaimInterface {
+	t.Helper()
+	ci, err := kubevirtvmi.BindingInterfaces(vmi, "vfnet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ci
+}
+
+func TestPlan(t *testing.T) {
+	t.Parallel()
+	base := newVMI("vm1", "uid-1", "node-a", ifaceOpt{name: "net1", mac: "02:00:00:00:00:01"}, ifaceOpt{name: "net2", mac: "02:00:00:00:00:02", direct: true})
+	mig := migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
+	aborted := mig.DeepCopy()
+	aborted.AbortRequested, aborted.AbortStatus = true, kubevirtv1.MigrationAbortSucceeded
+	decentral := &kubevirtv1.VirtualMachineInstanceMigrationState{Completed: true,
+		SourceState: &kubevirtv1.VirtualMachineInstanceMigrationSourceState{VirtualMachineInstanceCommonMigrationState: kubevirtv1.VirtualMachineInstanceCommonMigrationState{Node: "node-a", Pod: "src", MigrationUID: "m2"}},
+		TargetState: &kubevirtv1.VirtualMachineInstanceMigrationTargetState{VirtualMachineInstanceCommonMigrationState: kubevirtv1.VirtualMachineInstanceCommonMigrationState{Node: "node-b", Pod: "dst", MigrationUID: "m2"}}}
+	tests := []struct {
+		name string
+		ms   *kubevirtv1.VirtualMachineInstanceMigrationState
+		node string
+		want string // side:pod:ifaces, ";"-joined
+	}{
+		{"no migration", nil, "node-a", ""},
+		{"running, target", mig, "node-b", ""},
+		{"running, source", mig, "node-a", ""},
+		{"completed, target attaches template ifaces only", completed(mig), "node-b", "target:virt-launcher-vm1-bbbbb:net1"},
+		{"completed, source does nothing", completed(mig), "node-a", ""},
+		{"completed, other node", completed(mig), "node-c", ""},
+		{"failed, source re-attaches all", failed(mig), "node-a", "source:virt-launcher-vm1-aaaaa:net1,net2"},
+		{"failed, target does nothing", failed(mig), "node-b", ""},
+		{"aborted, source re-attaches", aborted, "node-a", "source:virt-launcher-vm1-aaaaa:net1,net2"},
+		{"decentralized fields", decentral, "node-b", "target:dst:net1"},
+	}
+	for _, tc := range tests {
+		vmi := base.DeepCopy()
+		vmi.Status.MigrationState = tc.ms
+		var got []string
+		for _, a := range watch.Plan(vmi, ifacesOf(t, vmi), tc.node) {
+			var names []string
+			for _, ci := range a.Interfaces {
+				names = append(names, ci.Interface.Name)
+			}
+			if a.Domain != "default_vm1" {
+				t.Errorf("%s: domain %q", tc.name, a.Domain)
+			}
+			got = append(got, string(a.Side)+":"+a.PodName+":"+strings.Join(names, ","))
+		}
+		if g := strings.Join(got, ";"); g != tc.want {
+			t.Errorf("%s: plan %q, want %q", tc.name, g, tc.want)
+		}
+	}
+	other := newVMI("vm2", "uid-2", "node-a", ifaceOpt{name: "net1", binding: "passt"})
+	other.Status.MigrationState = completed(mig)
+	if got := watch.Plan(other, ifacesOf(t, other), "node-b"); len(got) != 0 {
+		t.Errorf("VMI without vfnet interfaces planned %v", got)
+	}
+}
+
+type env struct {
+	kube    *fake.Clientset
+	dyn     *dynamicfake.FakeDynamicClient
+	events  *record.FakeRecorder
+	attach  *fakeAttacher
+	watcher *watch.Watcher
+}
+
+func newEnv(t *testing.T, node string, objs ...runtime.Object) *env {
+	t.Helper()
+	e := &env{
+		kube:   fake.NewClientset(objs...),
+		dyn:    dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{watch.VMIResource: "VirtualMachineInstanceList"}),
+		events: record.NewFakeRecorder(100),
+		attach: newFakeAttacher(),
+	}
+	w, err := watch.New(watch.Config{NodeName: node, Kube: e.kube, Dynamic: e.dyn, Attacher: e.attach, Recorder: e.events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.watcher = w
+	return e
+}
+
+func (e *env) sync(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) error {
+	t.Helper()
+	err := e.watcher.Sync(context.Background(), vmi)
+	e.watcher.Wait()
+	return err
+}
+
+// twoNodes: vm1 on node-a with source pod and claim, target pod on node-b
+// with its own template claim and VF.
+func twoNodes(t *testing.T, node string, mac string, opts ...ifaceOpt) (*env, *kubevirtv1.VirtualMachineInstance) {
+	t.Helper()
+	if len(opts) == 0 {
+		opts = []ifaceOpt{{name: "net1", mac: "02:00:00:00:00:01", pci: "0000:81:01.0", boot: uptr(2)}}
+	}
+	vmi := newVMI("vm1", "uid-1", "node-a", opts...)
+	src := launcherPod("virt-launcher-vm1-aaaaa", "pod-a", vmi, "node-a", map[string]string{"net1-claim": "vm1-net1-claim-src"})
+	dst := launcherPod("virt-launcher-vm1-bbbbb", "pod-b", vmi, "node-b", map[string]string{"net1-claim": "vm1-net1-claim-dst"})
+	e := newEnv(t, node, src, dst,
+		allocatedClaim("vm1-net1-claim-src", "vf-0000-3b-02-1", mac),
+		allocatedClaim("vm1-net1-claim-dst", "vf-0000-5e-00-4", mac))
+	return e, vmi
+}
+
+func TestTargetAttachesTargetPodVFOnce(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-b", "")
+	mig := migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
+	vmi.Status.MigrationState = mig
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.attach.requests()); n != 0 {
+		t.Fatalf("%d attaches while migrating", n)
+	}
+	vmi.Status.MigrationState = completed(mig)
+	vmi.Status.NodeName = "node-b"
+	for range 3 { // informer updates and resyncs replay the same state
+		if err := e.sync(t, vmi); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := e.attach.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d attach requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r.PodUID != "pod-b" || r.Domain != "default_vm1" || len(r.Hostdevs) != 1 {
+		t.Fatalf("request %+v", r)
+	}
+	h := r.Hostdevs[0]
+	if h.Interface != "net1" || h.Source.String() != "0000:5e:00.4" || h.Guest == nil || h.Guest.String() != "0000:81:01.0" || h.BootOrder == nil || *h.BootOrder != 2 {
+		t.Fatalf("hostdev %+v", h)
+	}
+	evs := drain(e.events.Events)
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Normal "+watch.ReasonAttached) || !strings.Contains(evs[0], "0000:5e:00.4") {
+		t.Fatalf("events %q", evs)
+	}
+}
+
+func TestSourceReattachesOriginalVFOnFailure(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-a", "")
+	vmi.Status.MigrationState = failed(migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb"))
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	reqs := e.attach.requests()
+	if len(reqs) != 1 || reqs[0].PodUID != "pod-a" || reqs[0].Hostdevs[0].Source.String() != "0000:3b:02.1" {
+		t.Fatalf("requests %+v, want the source pod's VF", reqs)
+	}
+}
+
+func TestSourceFindsActivePodWithoutSourcePodName(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-a", "")
+	ms := failed(migrating("node-a", "", "node-b", "virt-launcher-vm1-bbbbb"))
+	vmi.Status.MigrationState = ms
+	vmi.Status.ActivePods = map[types.UID]string{"pod-a": "node-a"}
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	if reqs := e.attach.requests(); len(reqs) != 1 || reqs[0].PodUID != "pod-a" {
+		t.Fatalf("requests %+v", reqs)
+	}
+}
+
+func TestTargetWaitsForClaimStatus(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-b", "")
+	// The target pod's claim status is not written yet.
+	pod, err := e.kube.CoreV1().Pods(ns).Get(context.Background(), "virt-launcher-vm1-bbbbb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := pod.DeepCopy()
+	pod.Status.ResourceClaimStatuses = nil
+	if _, err := e.kube.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vmi.Status.MigrationState = completed(migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb"))
+	done := make(chan error, 1)
+	go func() { done <- e.sync(t, vmi) }()
+	// Let the watcher find the status missing at least once, then fill it in.
+	for len(e.kube.Actions()) < 4 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := e.kube.CoreV1().Pods(ns).UpdateStatus(context.Background(), full, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if reqs := e.attach.requests(); len(reqs) != 1 || reqs[0].Hostdevs[0].Source.String() != "0000:5e:00.4" {
+		t.Fatalf("requests %+v", reqs)
+	}
+}
+
+func TestAttachGiveUpRecordsWarning(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-b", "")
+	e.attach.err = &attach.GaveUpError{Attempts: 9, Err: errors.New("dial unix virtqemud-sock: no such file or directory")}
+	vmi.Status.MigrationState = completed(migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb"))
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	evs := drain(e.events.Events)
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonAttachFailed) || !strings.Contains(evs[0], "virtqemud-sock") {
+		t.Fatalf("events %q", evs)
+	}
+}
+
+func TestNonVFNetVMIIsNeverTouched(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-b", "", ifaceOpt{name: "net1", binding: "sriov-other"})
+	vmi.Status.MigrationState = completed(migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb"))
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.attach.requests()); n != 0 {
+		t.Fatalf("%d attaches for a VMI without vfnet interfaces", n)
+	}
+	if n := len(e.kube.Actions()); n != 0 {
+		t.Fatalf("%d API calls for a VMI without vfnet interfaces", n)
+	}
+}
+
+func TestDirectClaimWarnsOncePerMigration(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-a", "", ifaceOpt{name: "net1", mac: "02:00:00:00:00:01", direct: true})
+	vmi.Status.MigrationState = migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
+	for range 3 {
+		if err := e.sync(t, vmi); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs := drain(e.events.Events)
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonNotMigratable) || !strings.Contains(evs[0], "net1") {
+		t.Fatalf("events %q", evs)
+	}
+	// The target node says nothing: the source node already did.
+	eb, vb := twoNodes(t, "node-b", "", ifaceOpt{name: "net1", mac: "02:00:00:00:00:01", direct: true})
+	vb.Status.MigrationState = vmi.Status.MigrationState
+	if err := eb.sync(t, vb); err != nil {
+		t.Fatal(err)
+	}
+	if evs := drain(eb.events.Events); len(evs) != 0 {
+		t.Fatalf("target node events %q", evs)
+	}
+}
+
+func TestMACWarning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, ifaceMAC, configMAC string
+		warn                      bool
+	}{
+		{"neither", "", "", true},
+		{"interface macAddress", "02:00:00:00:00:01", "", false},
+		{"VFConfig.mac", "", "02:00:00:00:00:09", false},
+	} {
+		e, vmi := twoNodes(t, "node-a", tc.configMAC, ifaceOpt{name: "net1", mac: tc.ifaceMAC})
+		for range 2 {
+			if err := e.sync(t, vmi); err != nil {
+				t.Fatal(err)
+			}
+		}
+		evs := drain(e.events.Events)
+		if !tc.warn {
+			if len(evs) != 0 {
+				t.Errorf("%s: events %q", tc.name, evs)
+			}
+			continue
+		}
+		if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonMACNotMigratable) || !strings.Contains(evs[0], "net1") {
+			t.Errorf("%s: events %q, want one MAC warning", tc.name, evs)
+		}
+	}
+}
+
+func TestMACWarningWaitsForLauncherPod(t *testing.T) {
+	t.Parallel()
+	vmi := newVMI("vm1", "uid-1", "node-a", ifaceOpt{name: "net1"})
+	e := newEnv(t, "node-a")
+	if err := e.sync(t, vmi); err == nil {
+		t.Fatal("no launcher pod yet: Sync must ask to be retried")
+	}
+	pod := launcherPod("virt-launcher-vm1-aaaaa", "pod-a", vmi, "node-a", map[string]string{"net1-claim": "c"})
+	if _, err := e.kube.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kube.ResourceV1().ResourceClaims(ns).Create(context.Background(), allocatedClaim("c", "vf-0000-3b-02-1", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sync(t, vmi); err != nil {
+		t.Fatal(err)
+	}
+	if evs := drain(e.events.Events); len(evs) != 1 || !strings.Contains(evs[0], watch.ReasonMACNotMigratable) {
+		t.Fatalf("events %q", evs)
+	}
+}
+
+// TestRunFollowsVMIUpdates drives the informer path: VMI status changes in
+// the API (here a dynamic fake) reach the attacher of the right node only.
+func TestRunFollowsVMIUpdates(t *testing.T) {
+	t.Parallel()
+	e, vmi := twoNodes(t, "node-b", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := e.dyn.Resource(watch.VMIResource).Namespace(ns)
+	mig := migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
+	vmi.Status.MigrationState = mig
+	if _, err := res.Create(ctx, toUnstructured(t, vmi), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.watcher.Run(ctx) }()
+	vmi.Status.MigrationState = completed(mig)
+	if _, err := res.Update(ctx, toUnstructured(t, vmi), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.attach.next(t)
+	if r.PodUID != "pod-b" || r.Hostdevs[0].Source.String() != "0000:5e:00.4" {
+		t.Fatalf("request %+v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func toUnstructured(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &unstructured.Unstructured{Object: m}
+}
+
