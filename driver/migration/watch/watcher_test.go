@@ -364,4 +364,3 @@ func toUnstructured(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) *unstr
 	}
 	return &unstructured.Unstructured{Object: m}
 }
-
