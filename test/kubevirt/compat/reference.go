@@ -89,6 +89,7 @@ func sriovHostDevices(domainXML []byte) ([]api.HostDevice, error) {
 //     libvirtxml (which the product must use) never does, and libvirt's
 //     parser and schema take a PCI hostdev's source address as PCI without
 //     it (libvirt's own documentation example has none).
+//
 // The guest-side <address> is compared as written.
 func normalizeHostDevices(devs []api.HostDevice) []api.HostDevice {
 	out := make([]api.HostDevice, len(devs))

@@ -3,10 +3,10 @@ package golden
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"encoding/xml"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	v1 "kubevirt.io/api/core/v1"
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -127,10 +128,19 @@ func decodeStream(file string, data []byte, objs *Objects) error {
 	}
 }
 
-// strict decodes YAML into obj, refusing unknown and duplicate fields.
+// strict decodes YAML into obj, refusing duplicate fields, type errors and
+// unknown fields at any depth (see unknownFields for why the decoder's own
+// check is not enough).
 func strict(raw []byte, obj any) error {
 	if err := yaml.UnmarshalStrict(raw, obj); err != nil {
 		return fmt.Errorf("strict decode into kubevirt.io/api v1.9.0 types: %w", err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return fmt.Errorf("decode YAML: %w", err)
+	}
+	if unknown := unknownFields(doc, reflect.TypeOf(obj)); len(unknown) > 0 {
+		return fmt.Errorf("unknown fields for kubevirt.io/api v1.9.0 %T: %s", obj, strings.Join(unknown, ", "))
 	}
 	return nil
 }
