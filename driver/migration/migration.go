@@ -1,0 +1,78 @@
+// Package migration wires vfnet's live-migration support into the driver:
+// a VirtualMachineInstance watcher (package watch) that hot-plugs VFs into
+// launcher domains over libvirt RPC (package attach). cmd/vfnet-driver calls
+// Run in a goroutine when --migration is on (the default).
+package migration
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/driver/migration/watch"
+)
+
+// Options configure Run.
+type Options struct {
+	NodeName string
+	// KubeletPodsDir is the kubelet's pods dir (attach.DefaultKubeletPodsDir
+	// if empty): launcher sockets live below it.
+	KubeletPodsDir string
+	// Simulate skips the RLIMIT_MEMLOCK raise: no QEMU runs behind a
+	// simulated launcher.
+	Simulate bool
+	// ProcRoot is the host's /proc (needs hostPID: true); "/proc" if empty.
+	ProcRoot string
+	// BindingName is the binding's name in the KubeVirt CR ("vfnet").
+	BindingName string
+	// Timeout bounds waiting for a launcher (socket, domain, QEMU) and for
+	// its pod's claims; zero means 2 minutes.
+	Timeout time.Duration
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+// Run watches VMIs and attaches VFs after migrations until ctx ends.
+// Events go to the core/v1 Events API (RBAC: events create, patch).
+func Run(ctx context.Context, o Options) error {
+	if o.Kube == nil || o.Dynamic == nil || o.NodeName == "" {
+		return errors.New("migration: NodeName, Kube and Dynamic are required")
+	}
+	if o.ProcRoot == "" {
+		o.ProcRoot = "/proc"
+	}
+	var ml attach.MemlockRaiser = attach.ProcMemlock{ProcRoot: o.ProcRoot, Limits: attach.Prlimit{}}
+	if o.Simulate {
+		ml = attach.NoMemlock{}
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vfnet-driver", Host: o.NodeName})
+	w, err := watch.New(watch.Config{
+		NodeName:    o.NodeName,
+		BindingName: o.BindingName,
+		Kube:        o.Kube,
+		Dynamic:     o.Dynamic,
+		Attacher: &attach.Attacher{
+			Dialer:  attach.SessionDialer{},
+			Memlock: ml,
+			PodsDir: o.KubeletPodsDir,
+			Timeout: o.Timeout,
+		},
+		Recorder:       recorder,
+		ResolveTimeout: o.Timeout,
+	})
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
