@@ -22,8 +22,12 @@
 //	module/vfio/parameters/enable_unsafe_noiommu_mode   (NoIOMMU hosts only)
 //
 // Fixtures: E810PF, ConnectX6DxPF, ConnectX6DxIBPF, I350PF, PlainNIC build
-// PFSpecs; E810Host, MixedHost, InfinibandHost, NoIOMMUHost and LargeHost
-// (4 PFs x 256 VFs) are whole hosts. VFs sit at PF routing ID + offset +
+// PFSpecs; E810Host, ConnectX6DxHost, I350Host, MixedHost (every case on
+// one two-socket host: vfio-bound VF, sriov_numvfs=0, numa_node -1, a NIC
+// without SR-IOV), InfinibandHost, NoIOMMUHost and LargeHost (4 PFs x 256
+// VFs, builds in about 0.2 s of CPU on tmpfs) are whole hosts, also by name
+// through Fixture("e810"|"cx6dx"|"i350"|"mixed"|"infiniband"|"noiommu"|"large").
+// TempDir(t) gives tests a tmpfs directory when /dev/shm is one. VFs sit at PF routing ID + offset +
 // i*stride as the SR-IOV capability places them (E810 VF i of 0000:3b:00.0
 // is 0000:3b:02.i). Netdevs use systemd's predictable path names: PF
 // enp<bus>s<slot>f<fn> (ib... for InfiniBand) unless the spec names it, VF
@@ -53,8 +57,16 @@
 // VF link layer. All injection is per Host, and every method is safe for
 // concurrent use. State lives in the tree (.simhost/host.json and
 // .simhost/vflinks.json), so Open(root) in another process continues the
-// same simulation; one process should change a host at a time (calls are
-// serialised across processes with flock on .simhost/lock). The /dev/vfio
-// nodes are regular files, and a delayed node whose process exits before
-// the delay never appears.
+// same simulation; calls from several processes are serialised with flock
+// on .simhost/lock, and each call re-reads what another process changed.
+//
+// Crashes: the kernel finishes a bind, unbind or SR-IOV change even when
+// the writer dies. The simulation runs in the driver's process, so each
+// such operation is written to .simhost/journal.json first, and the next
+// call from any process completes an interrupted one (its effects are
+// idempotent; TestInterruptedOperationsComplete stops every operation after
+// each of its effects and compares with an uninterrupted run). Not modelled:
+// power loss (no fsync), a /dev/vfio node whose delay timer died with its
+// process (it never appears), a VF netdev address update racing a crash.
+// The /dev/vfio nodes are regular files.
 package simhost

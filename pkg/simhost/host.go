@@ -61,17 +61,52 @@ type Host struct {
 	t       tree
 	devRoot string
 
-	mu      sync.Mutex // serialises every change to the trees and the VF state
-	lockFD  int        // flock on .simhost/lock: one writer across processes
-	st      persisted
-	pfs     map[string]*PFSpec
-	funcs   map[string]*FunctionSpec
-	ids     map[string]map[string]bool // driver -> "vvvv:dddd"
-	timers  map[string]*time.Timer     // group -> pending /dev/vfio node
-	kernel  *Kernel
-	links   *Links
-	closed  bool
-	devSalt byte
+	mu     sync.Mutex // serialises every change to the trees and the VF state
+	lockFD int        // flock on .simhost/lock: one writer across processes
+	st     persisted
+	pfs    map[string]*PFSpec
+	funcs  map[string]*FunctionSpec
+	ids    map[string]map[string]bool // driver -> "vvvv:dddd"
+	timers map[string]*time.Timer     // group -> pending /dev/vfio node
+	kernel *Kernel
+	links  *Links
+	closed bool
+	stamp  fileStamp // of host.json as last read or written
+}
+
+// fileStamp identifies a version of a file replaced by rename.
+type fileStamp struct{ ino, size, mtime int64 }
+
+func stampOf(p string) fileStamp {
+	st, err := os.Stat(p)
+	if err != nil {
+		return fileStamp{}
+	}
+	s := fileStamp{size: st.Size(), mtime: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		s.ino = int64(sys.Ino)
+	}
+	return s
+}
+
+func (h *Host) statePath() string { return filepath.Join(h.t.root, stateDir, "host.json") }
+
+// reloadState picks up new_id changes another process saved.
+func (h *Host) reloadState() {
+	if h.stamp == (fileStamp{}) || stampOf(h.statePath()) == h.stamp {
+		return
+	}
+	b, err := os.ReadFile(h.statePath())
+	if err != nil {
+		return
+	}
+	var st persisted
+	if json.Unmarshal(b, &st) != nil {
+		return
+	}
+	h.st.DynIDs = st.DynIDs
+	h.index()
+	h.stamp = stampOf(h.statePath())
 }
 
 // Build lays out spec under dir: the sysfs tree at dir/sys and /dev at
@@ -131,7 +166,12 @@ func Open(root string, opts ...Option) (*Host, error) {
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
 	}
-	return newHost(root, st)
+	h, err := newHost(root, st)
+	if err != nil {
+		return nil, err
+	}
+	h.stamp = stampOf(p)
+	return h, nil
 }
 
 func newHost(root string, st persisted) (*Host, error) {
@@ -229,6 +269,7 @@ func (h *Host) lock() func() {
 	if h.lockFD >= 0 {
 		for syscall.Flock(h.lockFD, syscall.LOCK_EX) == syscall.EINTR {
 		}
+		h.reloadState()
 		// Holding the flock, a journal can only be a dead writer's.
 		_ = h.recoverJournal()
 	}
@@ -245,7 +286,11 @@ func (h *Host) saveState() error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(h.t.root, stateDir, "host.json"), b)
+	if err := writeAtomic(h.statePath(), b); err != nil {
+		return err
+	}
+	h.stamp = stampOf(h.statePath())
+	return nil
 }
 
 // writeAtomic writes a file through a temp file and rename, so a reader in

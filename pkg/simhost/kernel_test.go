@@ -435,6 +435,9 @@ func TestNewIDAndRemoveID(t *testing.T) {
 	if err := h2.Kernel().WriteFile("bus/pci/drivers/vfio-pci/remove_id", []byte("8086 1889")); err != nil {
 		t.Fatal(err)
 	}
+	// The first Host sees the removal the second saved.
+	write(t, h, "bus/pci/drivers/vfio-pci/unbind", "0000:3b:02.1")
+	wantErrno(t, k.WriteFile("bus/pci/drivers/vfio-pci/bind", []byte("0000:3b:02.1")), syscall.ENODEV)
 	wantErrno(t, h2.Kernel().WriteFile("bus/pci/drivers/vfio-pci/remove_id", []byte("8086 1889")), syscall.ENODEV)
 }
 
@@ -592,5 +595,34 @@ func TestConcurrentKernelAndLinks(t *testing.T) {
 				t.Errorf("%s vf %d MAC %v %v", pf.NetDevs[0], vf.Index, st.MAC, err)
 			}
 		}
+	}
+}
+
+func TestFixturesBuildAndDiscover(t *testing.T) {
+	t.Parallel()
+	want := map[string]int{"e810": 8, "cx6dx": 8, "i350": 7, "mixed": 10, "infiniband": 4, "noiommu": 8, "large": 1024}
+	if got := FixtureNames(); len(got) != len(want) {
+		t.Fatalf("fixtures %v", got)
+	}
+	for _, name := range FixtureNames() {
+		spec, err := Fixture(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := build(t, spec)
+		pfs, err := h.Sysfs().Discover(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, pf := range pfs {
+			n += len(pf.VFs)
+		}
+		if n != want[name] {
+			t.Errorf("%s: %d VFs, want %d", name, n, want[name])
+		}
+	}
+	if _, err := Fixture("nosuch"); err == nil || !strings.Contains(err.Error(), "e810") {
+		t.Errorf("unknown fixture: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package simhost
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -210,4 +211,46 @@ func NoIOMMUHost() Spec {
 	s := E810Host()
 	s.NoIOMMU = true
 	return s
+}
+
+// ConnectX6DxHost is one dual-port ConnectX-6 Dx in Ethernet mode on NUMA
+// node 1 (0000:d8:00.0 ens8f0np0 and 0000:d8:00.1 ens8f1np1), 4 VFs each.
+func ConnectX6DxHost() Spec {
+	p0 := ConnectX6DxPF("0000:d8:00.0", "ens8f0np0", 4)
+	p1 := ConnectX6DxPF("0000:d8:00.1", "ens8f1np1", 4)
+	p1.VFOffset = 2 + 127 - 1 // after port 0's 127 possible VFs
+	p0.NUMANode, p1.NUMANode = 1, 1
+	return Spec{PFs: []PFSpec{p0, p1}, NUMANodes: 2}
+}
+
+// I350Host is one I350 port (0000:01:00.0 enp1s0f0, igb) with 7 igbvf VFs,
+// the most igb allows.
+func I350Host() Spec {
+	return Spec{PFs: []PFSpec{I350PF("0000:01:00.0", "enp1s0f0", 7)}}
+}
+
+// fixtures maps the names `vfnet-driver --simulate` and tests accept to the
+// host fixtures.
+var fixtures = map[string]func() Spec{
+	"e810":       E810Host,
+	"cx6dx":      ConnectX6DxHost,
+	"i350":       I350Host,
+	"mixed":      MixedHost,
+	"infiniband": InfinibandHost,
+	"noiommu":    NoIOMMUHost,
+	"large":      LargeHost,
+}
+
+// Fixture returns the host fixture called name (see FixtureNames).
+func Fixture(name string) (Spec, error) {
+	f, ok := fixtures[name]
+	if !ok {
+		return Spec{}, fmt.Errorf("unknown simulated host %q: want one of %s", name, strings.Join(FixtureNames(), ", "))
+	}
+	return f(), nil
+}
+
+// FixtureNames lists the fixture names, sorted.
+func FixtureNames() []string {
+	return sortedKeys(fixtures)
 }
