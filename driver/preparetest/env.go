@@ -262,3 +262,27 @@ func listDir(tb testing.TB, dir string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// Reopen replaces Host with a fresh handle on the same tree, as a restarted
+// driver process would see it.
+func (e *Env) Reopen(tb testing.TB) {
+	tb.Helper()
+	root := e.Host.Root()
+	e.Host.Close()
+	h, err := simhost.Open(root)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { h.Close() })
+	e.Host = h
+}
+
+// FastDir is a tmpfs directory when the machine has one (/dev/shm), else
+// "" (the test's temp dir): fsync on tmpfs is free, so benchmarks measure
+// the driver and long tests stay quick.
+func FastDir() string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
+}

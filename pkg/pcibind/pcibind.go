@@ -122,13 +122,20 @@ func (b Binder) BindVFIO(ctx context.Context, bdf string, timeout time.Duration)
 	if err != nil {
 		return Bound{}, err
 	}
-	if cur != VFIOPCI {
-		// The override first: once unbound, nothing but vfio-pci may
-		// claim the function (not even a drivers_probe from elsewhere).
+	// The override first: once unbound, nothing but vfio-pci may claim the
+	// function (not even a drivers_probe from elsewhere). It is checked even
+	// when already bound: an interrupted restore may have cleared it.
+	ov, err := b.Override(bdf)
+	if err != nil {
+		return Bound{}, err
+	}
+	if ov != VFIOPCI {
 		if err := b.setOverride(bdf, VFIOPCI); err != nil {
 			return Bound{}, err
 		}
 		b.hook("override-set")
+	}
+	if cur != VFIOPCI {
 		if cur != "" {
 			if err := b.unbind(bdf, cur); err != nil {
 				return Bound{}, err
