@@ -72,6 +72,8 @@ type Host struct {
 	links  *Links
 	closed bool
 	stamp  fileStamp // of host.json as last read or written
+	// building is set while Build lays out the tree: no delayed nodes.
+	building bool
 }
 
 // fileStamp identifies a version of a file replaced by rename.

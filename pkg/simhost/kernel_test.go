@@ -626,3 +626,16 @@ func TestFixturesBuildAndDiscover(t *testing.T) {
 		t.Errorf("unknown fixture: %v", err)
 	}
 }
+
+func TestBuildTimeVFIONodesAreImmediate(t *testing.T) {
+	t.Parallel()
+	spec := MixedHost()
+	spec.PFs[2].VFDrivers = map[int]string{0: DriverVFIOPCI} // a second PF with a vfio VF
+	h := build(t, spec, WithVFIODevDelay(time.Hour))
+	for _, bdf := range []string{"0000:3b:02.2", "0000:d8:00.2"} {
+		f := fn(t, h, bdf)
+		if f.Driver != "vfio-pci" || !exists(filepath.Join(h.DevRoot(), "vfio", f.IOMMUGroup)) {
+			t.Errorf("%s: %+v, node missing", bdf, f)
+		}
+	}
+}
