@@ -1,0 +1,350 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
+	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/test/flow"
+)
+
+// TestLiveMigration runs the live-migration loop of issue 7 on two simulated
+// nodes, each with the real vfnet-driver (--simulate) and a kubelet stand-in:
+// a VM with a template claim runs on one node, KubeVirt's migration target
+// pod gets its own claim and VF on the other, and the test drives the VMI's
+// status.migrationState as KubeVirt records it. Each launcher's libvirt is a
+// fake session virtqemud on the pod's libvirt-runtime socket below the
+// node's --kubelet-pods-dir.
+//
+//   - completed: the target node's driver attaches the target VF (prepared
+//     with the VM's MAC) to the running domain; the source VF is released
+//     when the source pod goes away.
+//   - failed: the source node's driver re-attaches the original VF; the
+//     target VF is released with the target pod.
+func TestLiveMigration(t *testing.T) {
+	t.Parallel()
+	ctx, env := newEnv(t)
+	if err := env.ApplyManifests(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*flow.Node{}
+	for _, name := range []string{"node-a", "node-b"} {
+		n, err := env.AddNode(ctx, flow.NodeOptions{Name: name, Spec: flow.DemoHost()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.StartDriver(ctx); err != nil {
+			t.Fatal(err)
+		}
+		nodes[name] = n
+	}
+	for name := range nodes {
+		if _, err := env.WaitSlices(ctx, name, 3, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var latencies []time.Duration
+	for _, tc := range []struct {
+		vm   string
+		mac  string
+		fail bool
+	}{
+		{"vm-mig", "02:00:00:00:07:01", false},
+		{"vm-fail", "02:00:00:00:07:02", true},
+	} {
+		d := runMigration(ctx, t, env, nodes, tc.vm, tc.mac, tc.fail)
+		latencies = append(latencies, d)
+	}
+	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
+	for name, n := range nodes {
+		if strings.Contains(n.DriverLog(1<<20), "panic") {
+			t.Errorf("driver on %s logged a panic:\n%s", name, n.DriverLog(4000))
+		}
+	}
+}
+
+// runMigration migrates one VM and returns the time from the status update
+// that ends the migration to the attach arriving at the fake libvirt.
+func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[string]*flow.Node, name, mac string, fail bool) time.Duration {
+	t.Helper()
+	vm, err := env.CreateVM(ctx, flow.VMSpec{Name: name, DeviceClass: "vfnet-physnet-a", MAC: mac, VLAN: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcSched, err := env.WaitScheduled(ctx, vm, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, dst := nodes[srcSched.NodeName], otherNode(nodes, srcSched.NodeName)
+	if _, err := src.Kubelet.WaitPrepared(ctx, vm.Pod.UID); err != nil {
+		t.Fatal(err)
+	}
+	srcVF := vfRef(ctx, t, env, src.Name, srcSched.Device.Device)
+	checkVF(t, src, srcVF, mac, "vfio-pci")
+	domain := watch.DomainName(vm.VMI.Namespace, vm.VMI.Name)
+	srcLibvirt := startLauncherLibvirt(t, src, vm.Pod.UID, domain)
+
+	// KubeVirt runs the VM on the source node.
+	vmi := vm.VMI
+	vmi.Status.Phase = kubevirtv1.Running
+	vmi.Status.NodeName = src.Name
+	vmi.Status.ActivePods = map[types.UID]string{vm.Pod.UID: src.Name}
+	vmi = updateVMIStatus(ctx, t, env, vmi)
+
+	// virt-controller creates the target pod: the same spec, pinned away
+	// from the source; its template claim becomes a new claim and VF.
+	target := targetPod(vm.Pod, dst.Name)
+	if target, err = env.Client.CoreV1().Pods(target.Namespace).Create(ctx, target, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dstSched, err := env.WaitScheduled(ctx, &flow.VM{Spec: vm.Spec, VMI: vm.VMI, Pod: target}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dstSched.NodeName != dst.Name || dstSched.Claim.Name == srcSched.Claim.Name {
+		t.Fatalf("target pod on %s with claim %s; want node %s and a claim of its own", dstSched.NodeName, dstSched.Claim.Name, dst.Name)
+	}
+	if _, err := dst.Kubelet.WaitPrepared(ctx, target.UID); err != nil {
+		t.Fatal(err)
+	}
+	dstVF := vfRef(ctx, t, env, dst.Name, dstSched.Device.Device)
+	// Same MAC on both sides: the target claim is prepared with the VMI
+	// interface's macAddress.
+	checkVF(t, dst, dstVF, mac, "vfio-pci")
+	dstLibvirt := startLauncherLibvirt(t, dst, target.UID, domain)
+
+	// The migration runs (virt-controller / virt-handler status updates).
+	ms := &kubevirtv1.VirtualMachineInstanceMigrationState{
+		MigrationUID: types.UID("mig-" + name), StartTimestamp: now(),
+		SourceNode: src.Name, SourcePod: vm.Pod.Name, TargetNode: dst.Name, TargetPod: target.Name,
+		TargetNodeAddress: "127.0.0.1", Mode: kubevirtv1.MigrationPreCopy,
+	}
+	vmi.Status.MigrationState = ms
+	vmi = updateVMIStatus(ctx, t, env, vmi)
+	ms = ms.DeepCopy()
+	ms.TargetNodeDomainDetected, ms.TargetNodeDomainReadyTimestamp = true, now()
+	vmi.Status.MigrationState = ms
+	vmi = updateVMIStatus(ctx, t, env, vmi)
+
+	// ... and ends.
+	ms = ms.DeepCopy()
+	ms.Completed, ms.EndTimestamp = true, now()
+	// winner keeps the VM: the target on success, the source on failure.
+	winner, want, wantVF, quiet := dst, dstLibvirt, dstVF, srcLibvirt
+	if fail {
+		ms.Failed, ms.FailureReason = true, "Live migration failed: simulated by the e2e test"
+		winner, want, wantVF, quiet = src, srcLibvirt, srcVF, dstLibvirt
+	} else {
+		vmi.Status.NodeName = dst.Name
+		vmi.Status.ActivePods = map[types.UID]string{vm.Pod.UID: src.Name, target.UID: dst.Name}
+	}
+	vmi.Status.MigrationState = ms
+	t0 := time.Now()
+	vmi = updateVMIStatus(ctx, t, env, vmi)
+	var got libvirtfake.Attach
+	select {
+	case got = <-want.Notify():
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: no VF attach on %s within a minute\n--- driver log ---\n%s", name, winner.Name, winner.DriverLog(6000))
+	}
+	latency := got.At.Sub(t0)
+	checkAttach(t, want, domain, got, wantVF, "net1")
+
+	// Nothing reaches the other side's domain, and the live domain holds
+	// exactly the one VF.
+	waitEvent(ctx, t, env, vmi, watch.ReasonAttached, wantVF.BDF)
+	if n := len(quiet.Attaches()); n != 0 {
+		t.Errorf("%s: the other launcher received %d attaches", name, n)
+	}
+	if n := len(want.Attaches()); n != 1 {
+		t.Errorf("%s: launcher received %d attaches, want 1", name, n)
+	}
+
+	// The pod that lost (source on success, target on failure) goes away
+	// and its VF is released.
+	gone, goneNode, goneVF := vm.Pod, src, srcVF
+	if fail {
+		gone, goneNode, goneVF = target, dst, dstVF
+	}
+	if err := env.Client.CoreV1().Pods(gone.Namespace).Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := goneNode.Kubelet.WaitUnprepared(ctx, gone.UID); err != nil {
+		t.Fatal(err)
+	}
+	st, err := goneNode.VFState(goneVF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Driver == "vfio-pci" {
+		t.Errorf("%s: VF %s on %s still bound to vfio-pci after its pod went away", name, goneVF.BDF, goneNode.Name)
+	}
+	checkVF(t, winner, wantVF, mac, "vfio-pci")
+	t.Logf("%s (failed=%v): VF %s attached on %s %s after the migration ended", name, fail, wantVF.BDF, winner.Name, latency)
+	return latency
+}
+
+func otherNode(nodes map[string]*flow.Node, name string) *flow.Node {
+	for n, node := range nodes {
+		if n != name {
+			return node
+		}
+	}
+	return nil
+}
+
+func now() *metav1.Time {
+	t := metav1.NewTime(time.Now())
+	return &t
+}
+
+func vfRef(ctx context.Context, t *testing.T, env *flow.Env, node, device string) flow.VFRef {
+	t.Helper()
+	ref, err := env.Ref(ctx, node, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bdf, err := discovery.ParseDeviceName(device); err != nil || bdf != ref.BDF {
+		t.Fatalf("device %s: BDF %q from its name, %q published (%v)", device, bdf, ref.BDF, err)
+	}
+	return ref
+}
+
+func checkVF(t *testing.T, n *flow.Node, ref flow.VFRef, mac, driver string) {
+	t.Helper()
+	st, err := n.VFState(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Driver != driver || st.Link.MAC.String() != mac {
+		t.Errorf("VF %s on %s: driver %q MAC %s, want %q and %s", ref.BDF, n.Name, st.Driver, st.Link.MAC, driver, mac)
+	}
+}
+
+// startLauncherLibvirt serves a fake session virtqemud in the pod's
+// libvirt-runtime emptyDir, with the VM's domain running and no vfnet
+// hostdev: on the source KubeVirt detached it before migrating, on the
+// target the domain arrived without it.
+func startLauncherLibvirt(t *testing.T, n *flow.Node, uid types.UID, domain string) *libvirtfake.Server {
+	t.Helper()
+	dir := attach.RuntimeDir(n.PodsDir, string(uid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := libvirtfake.Listen(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := srv.DefineRunning(strings.Replace(flow.DemoDomainXML, "<name>default_vm-a</name>", "<name>"+domain+"</name>", 1)); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+func checkAttach(t *testing.T, srv *libvirtfake.Server, domain string, got libvirtfake.Attach, vf flow.VFRef, iface string) {
+	t.Helper()
+	var hd libvirtxml.DomainHostdev
+	if err := hd.Unmarshal(got.XML); err != nil {
+		t.Fatal(err)
+	}
+	if got.Domain != domain || hd.Managed != "no" || hd.Alias == nil || hd.Alias.Name != attach.Alias(iface) || hd.SubsysPCI == nil {
+		t.Fatalf("attach %+v", got)
+	}
+	a := hd.SubsysPCI.Source.Address
+	if src := fmt.Sprintf("%04x:%02x:%02x.%x", *a.Domain, *a.Bus, *a.Slot, *a.Function); src != vf.BDF {
+		t.Fatalf("attached VF %s, want %s", src, vf.BDF)
+	}
+	live, err := srv.DomainXML(domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := libvirtfake.ValidateDomain(live); err != nil && (os.Getenv("CI") != "" || !errors.Is(err, libvirtfake.ErrNoValidator)) {
+		t.Fatal(err)
+	}
+}
+
+// targetPod renders the migration target pod as virt-controller does for
+// the parts vfnet depends on: the source pod's spec (same pod claim names,
+// hence a new claim from the same template), a new name, the migration
+// label and an affinity that keeps it off the source node (here: onto dst).
+func targetPod(src *corev1.Pod, dst string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: src.GenerateName, Namespace: src.Namespace,
+		Labels: map[string]string{}, Annotations: src.Annotations, OwnerReferences: src.OwnerReferences,
+	}}
+	for k, v := range src.Labels {
+		p.Labels[k] = v
+	}
+	p.Labels["kubevirt.io/migrationJobUID"] = "mig-" + src.Name
+	p.Spec = *src.Spec.DeepCopy()
+	p.Spec.NodeName = ""
+	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{dst}}},
+		}}},
+	}}
+	return p
+}
+
+func updateVMIStatus(ctx context.Context, t *testing.T, env *flow.Env, vmi *kubevirtv1.VirtualMachineInstance) *kubevirtv1.VirtualMachineInstance {
+	t.Helper()
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := env.Dynamic.Resource(flow.VMIResource).Namespace(vmi.Namespace).UpdateStatus(ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("update VMI %s status: %v", vmi.Name, err)
+	}
+	out := &kubevirtv1.VirtualMachineInstance{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// waitEvent waits for an Event on the VMI with reason and a message
+// containing substr, as the driver's ServiceAccount recorded it.
+func waitEvent(ctx context.Context, t *testing.T, env *flow.Env, vmi *kubevirtv1.VirtualMachineInstance, reason, substr string) {
+	t.Helper()
+	var seen []string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := env.Client.CoreV1().Events(vmi.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + vmi.Name})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			seen = append(seen, e.Reason+": "+e.Message)
+			if e.Reason == reason && strings.Contains(e.Message, substr) && e.InvolvedObject.UID == vmi.UID {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s event on VMI %s mentioning %s: %v; events: %q", reason, vmi.Name, substr, err, seen)
+	}
+}
