@@ -1,0 +1,212 @@
+package preparetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
+)
+
+// The crash test runs the driver in a child process (this test binary,
+// re-executed) that exits abruptly at the N-th step of prepare or unprepare:
+// no deferred code runs, exactly like a kill. The parent then plays the
+// restarted driver and checks the host converges.
+
+const (
+	envHelper    = "VFNET_CRASH_HELPER"
+	envCrashAt   = "VFNET_CRASH_AT"
+	envMode      = "VFNET_CRASH_MODE"
+	envHostRoot  = "VFNET_CRASH_HOST"
+	envPluginDir = "VFNET_CRASH_PLUGIN"
+	envCDIRoot   = "VFNET_CRASH_CDI"
+	envClaim     = "VFNET_CRASH_CLAIM"
+	envStepFile  = "VFNET_CRASH_STEPFILE"
+	crashExit    = 17
+)
+
+// TestCrashHelper is the child process; it does nothing in a normal run.
+func TestCrashHelper(t *testing.T) {
+	if os.Getenv(envHelper) != "1" {
+		t.Skip("helper process for TestCrashAtEveryStep")
+	}
+	crashAt, _ := strconv.Atoi(os.Getenv(envCrashAt))
+	h, err := simhost.Open(os.Getenv(envHostRoot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(os.Getenv(envClaim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claim resourceapi.ResourceClaim
+	if err := json.Unmarshal(data, &claim); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	s, err := prepare.New(prepare.Options{
+		NodeName: Node, Sysfs: h.Sysfs(), Writer: h.Kernel(), Links: h.Links(), DevRoot: h.DevRoot(),
+		CheckpointPath: filepath.Join(os.Getenv(envPluginDir), checkpoint.FileName), CDIRoot: os.Getenv(envCDIRoot),
+		Kube: fake.NewClientset(&claim),
+		Hook: func(step string) {
+			n++
+			if n == crashAt {
+				_ = os.WriteFile(os.Getenv(envStepFile), []byte(step), 0o644)
+				os.Exit(crashExit) // no defers, no cleanup: a kill
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	switch os.Getenv(envMode) {
+	case "prepare":
+		res, _ := s.Prepare(ctx, []*resourceapi.ResourceClaim{&claim})
+		if res[claim.UID].Err != nil {
+			t.Fatal(res[claim.UID].Err)
+		}
+	case "unprepare":
+		res, _ := s.Unprepare(ctx, []kubeletplugin.NamespacedObject{{UID: claim.UID, NamespacedName: types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}}})
+		if res[claim.UID] != nil {
+			t.Fatal(res[claim.UID])
+		}
+	}
+}
+
+// crashClaim has two VFs and sets every link setting, so that prepare and
+// unprepare go through as many steps as they can.
+func crashClaim() *resourceapi.ResourceClaim {
+	return Claim("ns", "crash", "uid-crash", []string{"vf-0000-3b-02-1", "vf-0000-3b-02-3"},
+		Config(resourceapi.AllocationConfigSourceClass, `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","vlan":42,"qos":5,"vlanProtocol":"802.1ad","spoofChk":false,"trust":true,"linkState":"enable","minTxRateMbps":10,"maxTxRateMbps":100}`),
+		Config(resourceapi.AllocationConfigSourceClaim, `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","mac":"02:00:00:00:0a:01"}`, "vf"),
+		Config(resourceapi.AllocationConfigSourceClaim, `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","mac":"02:00:00:00:0a:02"}`, "vfx"),
+	)
+}
+
+// runChild runs mode in a child that exits at step crashAt. It returns the
+// step it crashed after, or "" when it finished without reaching crashAt.
+func runChild(t *testing.T, e *Env, mode string, crashAt int) string {
+	t.Helper()
+	claimFile := filepath.Join(e.Dir, "claim.json")
+	data, _ := json.Marshal(crashClaim())
+	if err := os.WriteFile(claimFile, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stepFile := filepath.Join(e.Dir, "step")
+	_ = os.Remove(stepFile)
+	e.Host.Close() // the child owns the host now
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envHelper+"=1", envCrashAt+"="+strconv.Itoa(crashAt), envMode+"="+mode,
+		envHostRoot+"="+e.Host.Root(), envPluginDir+"="+e.PluginDir, envCDIRoot+"="+e.CDIRoot,
+		envClaim+"="+claimFile, envStepFile+"="+stepFile)
+	out, err := cmd.CombinedOutput()
+	e.Reopen(t)
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &exit) && exit.ExitCode() == crashExit:
+		step, _ := os.ReadFile(stepFile)
+		return string(step)
+	default:
+		t.Fatalf("child %s (crash at %d) failed: %v\n%s", mode, crashAt, err, out)
+		return ""
+	}
+}
+
+func unprepareClaim(t *testing.T, s *prepare.State, c *resourceapi.ResourceClaim) {
+	t.Helper()
+	res, err := s.Unprepare(context.Background(), []kubeletplugin.NamespacedObject{{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}}})
+	if err != nil || res[c.UID] != nil {
+		t.Fatalf("unprepare: %v %v", err, res[c.UID])
+	}
+}
+
+func prepareClaim(t *testing.T, s *prepare.State, c *resourceapi.ResourceClaim) {
+	t.Helper()
+	res, err := s.Prepare(context.Background(), []*resourceapi.ResourceClaim{c})
+	if err != nil || res[c.UID].Err != nil {
+		t.Fatalf("prepare: %v %v", err, res[c.UID].Err)
+	}
+}
+
+func TestCrashAtEveryStep(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns many child processes")
+	}
+	t.Parallel()
+	// Reference states: the host as built and the host fully prepared.
+	ref := NewEnv(t, FastDir(), simhost.E810Host())
+	initial := ref.Snapshot(t).String()
+	ref.AddClaim(t, crashClaim())
+	prepareClaim(t, ref.NewState(t, nil), crashClaim())
+	prepared := ref.Snapshot(t).String()
+	if prepared == initial {
+		t.Fatal("prepare changed nothing")
+	}
+
+	for _, mode := range []string{"prepare", "unprepare"} {
+		for _, then := range []string{"unprepare", "prepare"} {
+			t.Run(mode+"-then-"+then, func(t *testing.T) {
+				t.Parallel()
+				steps := 0
+				for n := 1; ; n++ {
+					e := NewEnv(t, FastDir(), simhost.E810Host())
+					e.AddClaim(t, crashClaim())
+					if mode == "unprepare" {
+						prepareClaim(t, e.NewState(t, nil), crashClaim())
+					}
+					step := runChild(t, e, mode, n)
+					if step == "" {
+						break // the child finished: every step was covered
+					}
+					steps++
+					// The restarted driver gets the kubelet's next call.
+					s := e.NewState(t, nil)
+					var want string
+					if then == "unprepare" {
+						unprepareClaim(t, s, crashClaim())
+						want = initial
+					} else {
+						prepareClaim(t, s, crashClaim())
+						want = prepared
+					}
+					if got := e.Snapshot(t).String(); got != want {
+						t.Fatalf("%s crashed after step %d (%s), then %s: host is\n%s\nwant\n%s", mode, n, step, then, got, want)
+					}
+					if then == "unprepare" {
+						if cp := s.Snapshot(); len(cp.Claims) != 0 {
+							t.Fatalf("%s crashed after step %d (%s): checkpoint keeps %v", mode, n, step, cp.Claims)
+						}
+					} else {
+						// And the claim can still be undone exactly.
+						unprepareClaim(t, s, crashClaim())
+						if got := e.Snapshot(t).String(); got != initial {
+							t.Fatalf("%s crashed after step %d (%s), prepared again, then unprepared: host is\n%s\nwant\n%s", mode, n, step, got, initial)
+						}
+					}
+				}
+				if steps < 5 {
+					t.Fatalf("only %d crash points in %s", steps, mode)
+				}
+				t.Logf("%s: crashed after each of %d steps", mode, steps)
+			})
+		}
+	}
+}
+
+var _ = fmt.Sprint
