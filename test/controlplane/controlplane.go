@@ -214,14 +214,15 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 
 	// kube-controller-manager: only the controllers the flow needs (the
 	// resourceclaim controller makes claims from templates, the service
-	// account controller makes "default" SAs pods need).
+	// account controller makes "default" SAs pods need, the policy status
+	// controller type-checks ValidatingAdmissionPolicies).
 	if err := p.spawn("kube-controller-manager", filepath.Join(opts.BinDir, "kube-controller-manager"),
 		"--kubeconfig="+p.AdminKubeconfig,
 		"--authentication-kubeconfig="+p.AdminKubeconfig,
 		"--authorization-kubeconfig="+p.AdminKubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort),
 		"--leader-elect=false",
-		"--controllers=serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller",
+		"--controllers=serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller,validatingadmissionpolicy-status-controller",
 	); err != nil {
 		return nil, err
 	}

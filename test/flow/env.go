@@ -132,11 +132,13 @@ func (e *Env) ApplyFile(ctx context.Context, path string) ([]byte, error) {
 // status (the API server compiled it) without warnings.
 func (e *Env) waitPolicyActive(ctx context.Context) error {
 	const name = "vfnet-driver-own-node-resourceslices"
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	var last any
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		p, err := e.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
+		last = p.Status
 		if p.Status.TypeChecking == nil {
 			return false, nil
 		}
@@ -145,6 +147,10 @@ func (e *Env) waitPolicyActive(ctx context.Context) error {
 		}
 		return true, nil
 	})
+	if err != nil {
+		return fmt.Errorf("admission policy %s not type-checked by the API server: %w (status %+v)", name, err, last)
+	}
+	return nil
 }
 
 // InstallKubeVirtCRDs generates KubeVirt v1.9.0's CRDs with virt-operator's
