@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -141,6 +142,11 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		kopts = append(kopts, kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir))
 	}
 	if opts.PluginDir != "" {
+		// The helper listens here but does not create it; a fresh node has
+		// only the kubelet's plugins directory.
+		if err := os.MkdirAll(opts.PluginDir, 0o750); err != nil {
+			return nil, fmt.Errorf("create plugin directory %s: %w", opts.PluginDir, err)
+		}
 		kopts = append(kopts, kubeletplugin.PluginDataDirectoryPath(opts.PluginDir))
 	}
 	if opts.CDIDir != "" {
