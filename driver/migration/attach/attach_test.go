@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -339,5 +340,35 @@ func TestSessionDialerRefusedBySystemURIModel(t *testing.T) {
 	}
 	if uris := srv.ConnectURIs(); len(uris) != 1 || uris[0] != string(libvirt.QEMUSession) {
 		t.Fatalf("URIs %v", uris)
+	}
+}
+
+// BenchmarkAttach measures one AttachOnce against the fake over the real
+// socket: O_PATH dial, qemu:///session open, lookup, live XML, hot-plug.
+func BenchmarkAttach(b *testing.B) {
+	pods := filepath.Join(b.TempDir(), "pods")
+	rd := attach.RuntimeDir(pods, podUID)
+	if err := os.MkdirAll(rd, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	srv, err := libvirtfake.Listen(rd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = srv.Close() }()
+	a := &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: attach.NoMemlock{}, PodsDir: pods}
+	src, _ := attach.ParsePCIAddress("0000:3b:02.1")
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		name := "default_vm" + strconv.Itoa(i)
+		if err := srv.DefineRunning(strings.Replace(domainXML, "default_vm1", name, 1)); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		res, err := a.AttachOnce(context.Background(), attach.Request{PodUID: podUID, Domain: name,
+			Hostdevs: []attach.Hostdev{{Interface: "dra-net", Source: src}}})
+		if err != nil || len(res.Attached) != 1 {
+			b.Fatalf("%+v %v", res, err)
+		}
 	}
 }

@@ -356,7 +356,7 @@ func TestRunFollowsVMIUpdates(t *testing.T) {
 	}
 }
 
-func toUnstructured(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) *unstructured.Unstructured {
+func toUnstructured(t testing.TB, vmi *kubevirtv1.VirtualMachineInstance) *unstructured.Unstructured {
 	t.Helper()
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(vmi)
 	if err != nil {
