@@ -1,7 +1,6 @@
 package simhost
 
 import (
-	"context"
 	"syscall"
 	"testing"
 	"time"
@@ -27,32 +26,6 @@ func BenchmarkBuildLargeHost(b *testing.B) {
 			b.Fatal(err)
 		}
 		h.Close()
-	}
-	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N)/1e6, "cpu-ms/op")
-}
-
-func BenchmarkDiscoverLargeHost(b *testing.B) {
-	h, err := Build(TempDir(b), LargeHost())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
-	s := h.Sysfs()
-	ctx := context.Background()
-	b.ReportAllocs()
-	start := cpuTime(b)
-	for b.Loop() {
-		pfs, err := s.Discover(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		n := 0
-		for _, pf := range pfs {
-			n += len(pf.VFs)
-		}
-		if n != 1024 {
-			b.Fatalf("discovered %d VFs, want 1024", n)
-		}
 	}
 	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N)/1e6, "cpu-ms/op")
 }
