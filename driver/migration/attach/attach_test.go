@@ -3,6 +3,9 @@ package attach_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
@@ -370,5 +374,43 @@ func BenchmarkAttach(b *testing.B) {
 		if err != nil || len(res.Attached) != 1 {
 			b.Fatalf("%+v %v", res, err)
 		}
+	}
+}
+
+// TestAttachBoundedWhenDaemonHangs: a daemon that accepts and never answers
+// (a wedged virtqemud) must not hang the attach past its timeout.
+func TestAttachBoundedWhenDaemonHangs(t *testing.T) {
+	t.Parallel()
+	pods := podsDir(t)
+	rd := attach.RuntimeDir(pods, podUID)
+	if err := os.MkdirAll(rd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(rd, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	ln, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/%s", fd, attach.SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	a := &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: &fakeMemlock{}, PodsDir: pods,
+		InitialBackoff: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
+	_, err = a.Attach(context.Background(), attach.Request{PodUID: podUID, Domain: testDomain,
+		Hostdevs: []attach.Hostdev{{Interface: "dra-net", Source: mustPCI(t, "0000:3b:02.1")}}})
+	var gu *attach.GaveUpError
+	if !errors.As(err, &gu) || gu.Permanent {
+		t.Fatalf("err = %v, want a give-up after the timeout", err)
 	}
 }

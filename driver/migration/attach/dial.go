@@ -3,11 +3,12 @@ package attach
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
-	"github.com/digitalocean/go-libvirt/socket/dialers"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,27 +63,58 @@ func (d SessionDialer) Dial(ctx context.Context, runtimeDir string) (Session, er
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl), time.Millisecond)
 	}
-	sock := fmt.Sprintf("/proc/self/fd/%d/%s", fd, SocketName)
-	lv := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(sock), dialers.WithLocalTimeout(timeout)))
-	if err := lv.ConnectToURI(libvirt.QEMUSession); err != nil {
-		return nil, fmt.Errorf("connect to %s with %s: %w", filepath.Join(runtimeDir, SocketName), libvirt.QEMUSession, err)
-	}
-	s := &session{lv: lv, done: make(chan struct{})}
-	// go-libvirt calls take no context: drop the connection when ctx ends
-	// so a wedged daemon cannot hang the caller.
+	d2 := &connDialer{path: fmt.Sprintf("/proc/self/fd/%d/%s", fd, SocketName), timeout: timeout}
+	lv := libvirt.NewWithDialer(d2)
+	s := &session{lv: lv, dialer: d2, done: make(chan struct{})}
+	// go-libvirt calls take no context: closing the connection when ctx
+	// ends fails the pending call, so a wedged daemon cannot hang us.
 	go func() {
 		select {
 		case <-ctx.Done():
-			_ = lv.Disconnect()
+			d2.close()
 		case <-s.done:
 		}
 	}()
+	if err := lv.ConnectToURI(libvirt.QEMUSession); err != nil {
+		close(s.done)
+		d2.close()
+		return nil, fmt.Errorf("connect to %s with %s: %w", filepath.Join(runtimeDir, SocketName), libvirt.QEMUSession, err)
+	}
 	return s, nil
 }
 
+// connDialer dials the socket and keeps the connection so it can be closed
+// from outside go-libvirt.
+type connDialer struct {
+	path    string
+	timeout time.Duration
+	mu      sync.Mutex
+	conn    net.Conn
+}
+
+func (d *connDialer) Dial() (net.Conn, error) {
+	c, err := net.DialTimeout("unix", d.path, d.timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conn = c
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *connDialer) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn != nil {
+		_ = d.conn.Close()
+	}
+}
+
 type session struct {
-	lv   *libvirt.Libvirt
-	done chan struct{}
+	lv     *libvirt.Libvirt
+	dialer *connDialer
+	done   chan struct{}
 }
 
 func (s *session) DomainXML(name string) (string, error) {
@@ -109,6 +141,9 @@ func (s *session) AttachLive(name, deviceXML string) error {
 }
 
 func (s *session) Close() error {
+	// Disconnect says goodbye to the daemon; the ctx watcher still guards it.
+	err := s.lv.Disconnect()
 	close(s.done)
-	return s.lv.Disconnect()
+	s.dialer.close()
+	return err
 }
