@@ -1,0 +1,181 @@
+package slices
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+)
+
+func devices(n int) []discovery.Device {
+	out := make([]discovery.Device, n)
+	for i := range out {
+		addr := fmt.Sprintf("0000:3b:%02x.%d", 1+i/8, i%8)
+		name, _ := discovery.DeviceName(addr)
+		out[i] = discovery.Device{Name: name, Address: addr, VFIndex: i, PFAddress: "0000:3b:00.0", PFName: "p", Network: "n", NUMANode: -1}
+	}
+	return out
+}
+
+func TestPoolSplits(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int][]int{0: {0}, 1: {1}, 128: {128}, 129: {128, 1}, 1024: {128, 128, 128, 128, 128, 128, 128, 128}} {
+		pool := Pool(devices(n))
+		var got []int
+		for _, s := range pool.Slices {
+			got = append(got, len(s.Devices))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%d devices: slices %v, want %v", n, got, want)
+		}
+		// Order is kept.
+		if n > 129 && pool.Slices[1].Devices[0].Name != devices(n)[128].Name {
+			t.Errorf("%d devices: slice 1 starts with %s", n, pool.Slices[1].Devices[0].Name)
+		}
+	}
+}
+
+func TestResourceSlices(t *testing.T) {
+	t.Parallel()
+	res := DriverResources("node-1", devices(300))
+	out := ResourceSlices(discovery.DriverName, "node-1", res)
+	if len(out) != 3 {
+		t.Fatalf("%d slices", len(out))
+	}
+	for i, s := range out {
+		if s.APIVersion != "resource.k8s.io/v1" || s.Kind != "ResourceSlice" ||
+			s.GenerateName != fmt.Sprintf("%05x-sriov.vfnet.io-node-1-", i) ||
+			s.Spec.Pool.Name != "node-1" || s.Spec.Pool.ResourceSliceCount != 3 || *s.Spec.NodeName != "node-1" || s.Spec.Driver != "sriov.vfnet.io" {
+			t.Errorf("slice %d: %+v", i, s.ObjectMeta)
+		}
+	}
+	if ResourceSlices(discovery.DriverName, "other", res) != nil {
+		t.Error("slices for a node without pool")
+	}
+}
+
+type fakeDiscoverer struct {
+	pfs []sysfs.PF
+	err error
+}
+
+func (f *fakeDiscoverer) Discover(context.Context) ([]sysfs.PF, error) { return f.pfs, f.err }
+
+type recorder struct{ published []resourceslice.DriverResources }
+
+func (r *recorder) PublishResources(_ context.Context, res resourceslice.DriverResources) error {
+	r.published = append(r.published, res)
+	return nil
+}
+
+func (r *recorder) lastDevices(node string) int {
+	n := 0
+	for _, s := range r.published[len(r.published)-1].Pools[node].Slices {
+		n += len(s.Devices)
+	}
+	return n
+}
+
+func pfWith(addr, netdev string, vfs int) sysfs.PF {
+	pf := sysfs.PF{Function: sysfs.Function{Address: addr, VendorID: "8086", DeviceID: "1593", NetDevs: []string{netdev}, NUMANode: 0}, TotalVFs: 64, NumVFs: vfs, OperState: "up", LinkType: "ethernet"}
+	for i := 0; i < vfs; i++ {
+		pf.VFs = append(pf.VFs, sysfs.VF{Function: sysfs.Function{Address: fmt.Sprintf("%s:%02x.%d", addr[:7], 0x10+i/8, i%8), VendorID: "8086", DeviceID: "1889", Driver: "iavf"}, Index: i, PFAddress: addr})
+	}
+	return pf
+}
+
+func cfg(t *testing.T, network string) *nodeconfig.Config {
+	c, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: ens1\n  network: "+network+"\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestLoopRepublishesOnlyOnChange(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	disc := &fakeDiscoverer{pfs: []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 4)}}
+	pub := &recorder{}
+	current, cfgErr := cfg(t, "a"), error(nil)
+	scans := 0
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub,
+		LoadConfig: func() (*nodeconfig.Config, error) { return current, cfgErr },
+		OnScan:     func([]sysfs.PF, discovery.Result) { scans++ }})
+	step := func(name string, wantChanged bool, wantDevices int) {
+		t.Helper()
+		changed, err := l.Scan(ctx)
+		if err != nil || changed != wantChanged {
+			t.Fatalf("%s: Scan = %v, %v; want changed=%v", name, changed, err, wantChanged)
+		}
+		if got := pub.lastDevices("n"); got != wantDevices {
+			t.Fatalf("%s: last publish has %d devices, want %d", name, got, wantDevices)
+		}
+	}
+	step("first", true, 4)
+	step("unchanged", false, 4)
+	// Prepare binding a VF to vfio-pci does not change the published device.
+	disc.pfs[0].VFs[1].Driver = "vfio-pci"
+	l.opts.Owned = func(a string) bool { return a == disc.pfs[0].VFs[1].Address }
+	step("driver change", false, 4)
+	disc.pfs = []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 6)}
+	step("more VFs", true, 6)
+	current = cfg(t, "b")
+	step("network renamed", true, 6)
+	if a := pub.published[len(pub.published)-1].Pools["n"].Slices[0].Devices[0].Attributes[discovery.AttrNetwork]; *a.StringValue != "b" {
+		t.Fatalf("network attribute %s", *a.StringValue)
+	}
+	cfgErr = errors.New("node.yaml: pfs[0].network: bad")
+	step("invalid config keeps the last good one", false, 6)
+	cfgErr = nil
+	disc.pfs[0].OperState = "down"
+	step("link state is health, not a slice change", false, 6)
+	disc.pfs = nil
+	step("PF removed", true, 0)
+	if len(pub.published[len(pub.published)-1].Pools["n"].Slices) != 1 {
+		t.Fatal("an empty pool must still have one (empty) slice")
+	}
+	disc.err = errors.New("read failed")
+	if _, err := l.Scan(ctx); err == nil || !strings.Contains(err.Error(), "read failed") {
+		t.Fatalf("discovery error = %v", err)
+	}
+	if scans != 8 {
+		t.Fatalf("OnScan called %d times, want 8", scans)
+	}
+	if len(pub.published) != 4 {
+		t.Fatalf("%d publishes, want 4", len(pub.published))
+	}
+}
+
+func TestLoopStartupErrors(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	disc := &fakeDiscoverer{pfs: []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 2)}}
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: &recorder{},
+		LoadConfig: func() (*nodeconfig.Config, error) { return nil, errors.New("node.yaml: kind: bad") }})
+	if _, err := l.Scan(ctx); err == nil || !strings.Contains(err.Error(), "node.yaml: kind") {
+		t.Fatalf("invalid config at start-up: %v", err)
+	}
+	overlap, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: ens1\n  network: a\n- vendorID: \"8086\"\n  network: b\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: &recorder{},
+		LoadConfig: func() (*nodeconfig.Config, error) { return overlap, nil }})
+	if _, err := l.Scan(ctx); err == nil || !strings.Contains(err.Error(), "matched by pfs[0] and pfs[1]") {
+		t.Fatalf("ambiguous config at start-up: %v", err)
+	}
+	pub := &recorder{}
+	l = NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub})
+	if changed, err := l.Scan(ctx); err != nil || !changed || pub.lastDevices("n") != 0 {
+		t.Fatalf("no config: %v, %v, %d devices", changed, err, pub.lastDevices("n"))
+	}
+}
