@@ -69,7 +69,9 @@ type fakeDiscoverer struct {
 
 func (f *fakeDiscoverer) Discover(context.Context) ([]sysfs.PF, error) { return f.pfs, f.err }
 
-type recorder struct{ published []resourceslice.DriverResources }
+type recorder struct {
+	published []resourceslice.DriverResources
+}
 
 func (r *recorder) PublishResources(_ context.Context, res resourceslice.DriverResources) error {
 	r.published = append(r.published, res)
