@@ -165,3 +165,63 @@ func RSSKiB(pid int) (int, error) {
 	}
 	return 0, fmt.Errorf("pid %d: no VmRSS in /proc status", pid)
 }
+
+// RunInProductModule runs `go test -run run` on the Go files of srcDir
+// copied into a temporary module whose go.mod is the product's own (same
+// requirements, same go.sum) plus a requirement on the product module
+// replaced by the working tree. This lets test code use product packages
+// built with the product's k8s.io/* versions, which this module's KubeVirt
+// pins exclude, while always agreeing with the product's dependency set.
+func RunInProductModule(ctx context.Context, srcDir, run string, env []string) ([]byte, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return nil, fmt.Errorf("read product go.mod: %w", err)
+	}
+	gosum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		return nil, fmt.Errorf("read product go.sum: %w", err)
+	}
+	const productModule = "module github.com/vfnet-io/vfnet\n"
+	if !strings.HasPrefix(string(gomod), productModule) {
+		return nil, fmt.Errorf("product go.mod does not start with %q", productModule)
+	}
+	tmp, err := os.MkdirTemp("", "vfmod")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	mod := "module vfnettestprobe\n" + strings.TrimPrefix(string(gomod), productModule) +
+		"\nrequire github.com/vfnet-io/vfnet v0.0.0-00010101000000-000000000000\n" +
+		"\nreplace github.com/vfnet-io/vfnet => " + root + "\n"
+	if err := os.WriteFile(filepath.Join(tmp, "go.mod"), []byte(mod), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "go.sum"), gosum, 0o644); err != nil {
+		return nil, err
+	}
+	srcs, err := filepath.Glob(filepath.Join(srcDir, "*.go"))
+	if err != nil || len(srcs) == 0 {
+		return nil, fmt.Errorf("no Go files in %s (%v)", srcDir, err)
+	}
+	for _, s := range srcs {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(tmp, filepath.Base(s)), data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", run, ".")
+	cmd.Dir = tmp
+	cmd.Env = append(append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod"), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("go test %s in a module beside the product: %w\n%s", run, err, out)
+	}
+	return out, nil
+}
