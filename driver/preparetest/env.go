@@ -286,3 +286,10 @@ func FastDir() string {
 	}
 	return ""
 }
+
+// UseSimpleClient replaces the field-managing fake clientset (which builds
+// a REST mapper on every write and dominates a benchmark) with the plain
+// object tracker. Call it before adding objects.
+func (e *Env) UseSimpleClient() {
+	e.Kube = fake.NewSimpleClientset() //nolint:staticcheck // the cheap tracker is the point here
+}
