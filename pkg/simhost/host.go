@@ -126,6 +126,11 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 	if err := validateSpec(&spec); err != nil {
 		return nil, err
 	}
+	for _, d := range []string{root, devRoot} {
+		if ents, err := os.ReadDir(d); err == nil && len(ents) > 0 {
+			return nil, fmt.Errorf("build synthetic host: %s is not empty; use Open to continue an existing host", d)
+		}
+	}
 	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay

@@ -544,6 +544,15 @@ func TestSpecValidation(t *testing.T) {
 	if _, err := Open(t.TempDir()); err == nil {
 		t.Error("Open of an empty dir succeeded")
 	}
+	dir := TempDir(t)
+	h, err := Build(dir, E810Host())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	if _, err := Build(dir, E810Host()); err == nil {
+		t.Error("Build over an existing host succeeded")
+	}
 }
 
 func TestConcurrentKernelAndLinks(t *testing.T) {
