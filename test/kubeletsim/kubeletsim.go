@@ -689,6 +689,9 @@ func (k *Kubelet) register(ctx context.Context, regSocket string) error {
 		notify(false, err.Error())
 		return fmt.Errorf("dial DRA endpoint %s: %w", endpoint, err)
 	}
+	// Tell the plugin first, then make the registration visible: a
+	// caller of WaitRegistered may rely on the plugin knowing it.
+	notify(true, "")
 	k.mu.Lock()
 	dc := k.drivers[info.Name]
 	if dc == nil {
@@ -704,7 +707,6 @@ func (k *Kubelet) register(ctx context.Context, regSocket string) error {
 	k.events = append(k.events, fmt.Sprintf("registered %s", info.Name))
 	k.cond.Broadcast()
 	k.mu.Unlock()
-	notify(true, "")
 	logger.Info("Registered DRA driver", "driver", info.Name, "endpoint", endpoint, "generation", gen)
 	return nil
 }
