@@ -231,4 +231,3 @@ func TestPrepareWaitsForAllocation(t *testing.T) {
 }
 
 func containsBytes(b []byte, s string) bool { return strings.Contains(string(b), s) }
-
