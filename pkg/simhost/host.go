@@ -51,7 +51,8 @@ func WithVFIODevDelay(d time.Duration) Option {
 }
 
 // WithDevRoot puts the simulated /dev at dir instead of <dir>/dev next to
-// the sysfs root.
+// the sysfs root (Build), or makes a reopened host use dir (Open; the
+// choice is not stored).
 func WithDevRoot(dir string) Option { return func(o *options) { o.devRoot = dir } }
 
 // Host is a built synthetic host: a sysfs tree, a /dev tree, the simulated
@@ -175,6 +176,19 @@ func Open(root string, opts ...Option) (*Host, error) {
 	}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
+	}
+	if o.devRoot != "" && o.devRoot != st.DevRoot {
+		// Nodes go where this process is told /dev is; start it like a
+		// booted host's (vfio/vfio present).
+		st.DevRoot = o.devRoot
+		if err := os.MkdirAll(filepath.Join(o.devRoot, "vfio"), 0o755); err != nil {
+			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
+		}
+		if f, err := os.OpenFile(filepath.Join(o.devRoot, "vfio", "vfio"), os.O_CREATE|os.O_WRONLY, 0o666); err == nil {
+			f.Close()
+		} else {
+			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
+		}
 	}
 	h, err := newHost(root, st)
 	if err != nil {

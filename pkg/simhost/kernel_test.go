@@ -648,3 +648,30 @@ func TestBuildTimeVFIONodesAreImmediate(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenWithDevRoot(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	dev := filepath.Join(TempDir(t), "dev")
+	h2, err := Open(h.Root(), WithDevRoot(dev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	if h2.DevRoot() != dev || !exists(filepath.Join(dev, "vfio", "vfio")) {
+		t.Fatalf("dev root %s, vfio/vfio present %v", h2.DevRoot(), exists(filepath.Join(dev, "vfio", "vfio")))
+	}
+	const vf = "0000:3b:02.0"
+	for _, w := range []struct{ rel, data string }{
+		{"bus/pci/devices/" + vf + "/driver_override", "vfio-pci"},
+		{"bus/pci/drivers/iavf/unbind", vf},
+		{"bus/pci/drivers/vfio-pci/bind", vf},
+	} {
+		if err := h2.Kernel().WriteFile(w.rel, []byte(w.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := fn(t, h2, vf).IOMMUGroup; !exists(filepath.Join(dev, "vfio", g)) || exists(filepath.Join(h.DevRoot(), "vfio", g)) {
+		t.Fatalf("node not in the reopened host's dev root")
+	}
+}
