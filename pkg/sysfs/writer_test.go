@@ -25,8 +25,8 @@ func TestRootWriter(t *testing.T) {
 	if err := w.WriteFile("bus/pci/devices/0000:3b:02.1/driver_override", []byte("vfio-pci")); err != nil {
 		t.Fatal(err)
 	}
-	// One write at offset 0 and no truncation, as sysfs attributes expect.
-	if b, _ := os.ReadFile(attr); string(b) != "vfio-pci\n" {
+	// One write at offset 0, as sysfs attributes expect.
+	if b, _ := os.ReadFile(attr); string(b) != "vfio-pci" {
 		t.Fatalf("attribute = %q", b)
 	}
 	err := w.WriteFile("bus/pci/drivers/vfio-pci/bind", []byte("0000:3b:02.1"))
