@@ -306,3 +306,30 @@ func TestCorruptCheckpointStopsStartup(t *testing.T) {
 		t.Fatalf("New = %v", err)
 	}
 }
+
+// A VF that disappears while prepared (sriov_numvfs lowered, PF removed)
+// leaves nothing to restore: unprepare succeeds and forgets the claim.
+func TestUnprepareVanishedVF(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.E810Host())
+	s := e.NewState(t, nil)
+	c := preparetest.Claim("ns", "a", "uid-a", []string{vf1, "vf-0000-3b-12-1"})
+	e.AddClaim(t, c)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := e.Host.SetNumVFs("0000:3b:00.0", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Snapshot().Claims) != 0 {
+		t.Fatal("claim kept")
+	}
+	// The VF on the other PF is restored.
+	v := e.Snapshot(t).VFs["0000:3b:12.1"]
+	if v.Driver != "iavf" || v.Override != "(null)" {
+		t.Fatalf("VF on the other PF: %+v", v)
+	}
+}
