@@ -1,0 +1,378 @@
+// Package app is vfnet-driver's command line: the long-running DRA driver
+// and the `inspect` subcommand. cmd/vfnet-driver/main.go only calls Main.
+package app
+
+import (
+	"context"
+	"flag"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/migration"
+	"github.com/vfnet-io/vfnet/driver/plugin"
+	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+)
+
+// Main runs vfnet-driver with args (without the program name) and returns
+// the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "inspect" {
+		return Inspect(args[1:], stdout, stderr)
+	}
+	return runDriver(args, stderr)
+}
+
+// alias registers another name for an existing flag (the manifests and
+// test harnesses use --node-config and --cdi-dir).
+func alias(fs *flag.FlagSet, name, of string) {
+	f := fs.Lookup(of)
+	fs.Var(f.Value, name, "alias of --"+of)
+}
+
+// Inspect prints, without a cluster, the ResourceSlices the driver would
+// publish, as YAML documents.
+func Inspect(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("vfnet-driver inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	root := fs.String("sysfs-root", "/sys", "root of the sysfs tree to read")
+	cfgPath := fs.String("config", "", "node configuration file (NodeConfig YAML); without it nothing is offered")
+	node := fs.String("node-name", os.Getenv("NODE_NAME"), "node name: the pool name (env NODE_NAME)")
+	alias(fs, "node-config", "config")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *node == "" {
+		fmt.Fprintln(stderr, "vfnet-driver inspect: --node-name (or NODE_NAME) is required: the pool is named after the node")
+		return 2
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
+		return 1
+	}
+	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // sysfs skip lines stay quiet
+	pfs, err := sysfs.New(*root).Discover(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver inspect: discover SR-IOV devices under %s: %v\n", *root, err)
+		return 1
+	}
+	res, err := discovery.Build(pfs, cfg, discovery.Options{})
+	if err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
+		return 1
+	}
+	for _, s := range res.Skipped {
+		fmt.Fprintf(stderr, "# not offered: %s: %s\n", s.Address, s.Reason)
+	}
+	if res.Why != "" {
+		fmt.Fprintf(stderr, "# %s\n", res.Why)
+	}
+	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices))
+	for i := range out {
+		b, err := yaml.Marshal(&out[i])
+		if err != nil {
+			fmt.Fprintf(stderr, "vfnet-driver inspect: render slice %d: %v\n", i, err)
+			return 1
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout, "---")
+		}
+		if _, err := stdout.Write(b); err != nil {
+			return 1
+		}
+	}
+	return 0
+}
+
+func loadConfig(path string) (*nodeconfig.Config, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return nodeconfig.Load(path)
+}
+
+type driverFlags struct {
+	sysfsRoot, devRoot, config, nodeName, kubeconfig string
+	rescan, healthInterval                           time.Duration
+	registrarDir, pluginDir, cdiRoot, podUID         string
+	kubeletPodsDir, procRoot, bindingName            string
+	healthAddr                                       string
+	simulate                                         bool
+}
+
+func runDriver(args []string, stderr io.Writer) int {
+	var f driverFlags
+	fs := flag.NewFlagSet("vfnet-driver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.sysfsRoot, "sysfs-root", "/sys", "root of the sysfs tree")
+	fs.StringVar(&f.devRoot, "dev-root", "/dev", "root of /dev (vfio device nodes)")
+	fs.StringVar(&f.config, "config", "", "node configuration file (NodeConfig YAML), re-read on every rescan; without it nothing is offered (alias --node-config)")
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	fs.DurationVar(&f.rescan, "rescan-interval", 30*time.Second, "how often to rescan sysfs and the node configuration")
+	fs.DurationVar(&f.healthInterval, "health-interval", 10*time.Second, "how often to re-check PF presence and link state for device health")
+	fs.StringVar(&f.registrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
+	fs.StringVar(&f.pluginDir, "plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory (DRA socket, checkpoint, device metadata)")
+	fs.StringVar(&f.cdiRoot, "cdi-root", "/var/run/cdi", "CDI spec directory (alias --cdi-dir)")
+	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "driver pod UID (env POD_UID); enables seamless rolling updates")
+	fs.StringVar(&f.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "kubelet pods directory (launcher libvirt sockets, for live migration)")
+	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (QEMU memlock raise for live migration)")
+	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz and /readyz (e.g. :51515); off when empty")
+	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only)")
+	alias(fs, "node-config", "config")
+	alias(fs, "cdi-dir", "cdi-root")
+	logCfg := logsapi.NewLoggingConfiguration()
+	logsapi.AddGoFlags(logCfg, fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
+		return 2
+	}
+	if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver: logging flags: %v\n", err)
+		return 2
+	}
+	defer klog.Flush()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ctx = klog.NewContext(ctx, klog.Background())
+	if err := run(ctx, f); err != nil {
+		klog.FromContext(ctx).Error(err, "vfnet-driver failed")
+		fmt.Fprintf(stderr, "vfnet-driver: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// host is the kernel side the driver acts on: the real one or pkg/simhost's.
+type host struct {
+	sysfs   *sysfs.Host
+	writer  sysfs.Writer
+	links   vflink.Links
+	devRoot string
+	close   func()
+}
+
+func openHost(f driverFlags) (*host, error) {
+	if !f.simulate {
+		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: vflink.Netlink{}, devRoot: f.devRoot, close: func() {}}, nil
+	}
+	var opts []simhost.Option
+	if f.devRoot != "/dev" {
+		opts = append(opts, simhost.WithDevRoot(f.devRoot))
+	}
+	h, err := simhost.Open(f.sysfsRoot, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("--simulate: %w", err)
+	}
+	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: h.Links(), devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
+}
+
+func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("Kubernetes client configuration (--kubeconfig %q): %w", kubeconfig, err)
+	}
+	cfg.UserAgent = "vfnet-driver"
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kube, dyn, nil
+}
+
+func run(ctx context.Context, f driverFlags) error {
+	logger := klog.FromContext(ctx)
+	if f.nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	if f.rescan <= 0 || f.healthInterval <= 0 {
+		return errors.New("--rescan-interval and --health-interval must be positive")
+	}
+	// A broken configuration must stop the rollout, not publish nothing.
+	if _, err := loadConfig(f.config); err != nil {
+		return err
+	}
+	h, err := openHost(f)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	if f.simulate {
+		warnSimulated(ctx, f.sysfsRoot)
+		go func() {
+			t := time.NewTicker(time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					warnSimulated(ctx, f.sysfsRoot)
+				}
+			}
+		}()
+	}
+	kube, dyn, err := kubeClients(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var loop *slices.Loop
+	state, err := prepare.New(prepare.Options{
+		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
+		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
+		MACs:      maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
+		Published: func() []discovery.Device { return loop.Published() },
+	})
+	if err != nil {
+		return fmt.Errorf("load prepare state: %w", err)
+	}
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName})
+	p, err := plugin.Start(ctx, plugin.Options{
+		NodeName: f.nodeName, KubeClient: kube,
+		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
+		Preparer: state, Health: monitor,
+		OnFatal: func(err error) { cancel(err) },
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	loop = slices.NewLoop(slices.LoopOptions{
+		NodeName: f.nodeName, Discoverer: h.sysfs, Publisher: p, Owned: state.Owned,
+		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
+		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
+	})
+	if _, err := loop.Scan(ctx); err != nil {
+		return err
+	}
+	st := &status{}
+	st.scanned(time.Now())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel(nil)
+	wg.Go(func() { loop.Run(ctx, f.rescan) })
+	wg.Go(func() {
+		monitor.Run(ctx, f.healthInterval, func(ctx context.Context) ([]sysfs.PF, error) {
+			pfs, err := h.sysfs.Discover(ctx)
+			if err == nil {
+				st.scanned(time.Now())
+			}
+			return pfs, err
+		}, loop.Published)
+	})
+	wg.Go(func() {
+		err := migration.Run(ctx, migration.Options{
+			NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
+			BindingName: f.bindingName, Kube: kube, Dynamic: dyn,
+		})
+		if err != nil && ctx.Err() == nil {
+			// Prepare and publishing do not depend on it: keep serving.
+			logger.Error(err, "Live-migration re-attach stopped; VMs migrating to this node will lack their VF until the driver restarts")
+		}
+	})
+	if f.healthAddr != "" {
+		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan))
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
+	<-ctx.Done()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	logger.Info("Shutting down")
+	return nil
+}
+
+func warnSimulated(ctx context.Context, root string) {
+	klog.FromContext(ctx).Info("!!! SIMULATED HOST: vfnet-driver --simulate is acting on the synthetic host under " + root +
+		" (pkg/simhost), NOT on real hardware; VFs, vfio-pci binds and VF settings are simulated !!!")
+}
+
+// status backs /healthz (the host was read recently) and /readyz (the
+// driver published once; set before the server starts).
+type status struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (s *status) scanned(t time.Time) {
+	s.mu.Lock()
+	s.last = t
+	s.mu.Unlock()
+}
+
+func (s *status) since() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(s.last)
+}
+
+func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if d := st.since(); d > stale {
+			http.Error(w, fmt.Sprintf("no successful sysfs scan for %s", d.Truncate(time.Second)), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--health-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Health endpoint stopped")
+		}
+	}()
+	return srv, nil
+}
+
