@@ -124,6 +124,11 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 	if devRoot == "" {
 		devRoot = filepath.Join(dir, "dev")
 	}
+	// validateSpec fills defaults in place: work on a copy so callers can
+	// reuse (or concurrently build) the same Spec.
+	spec.PFs = append([]PFSpec(nil), spec.PFs...)
+	spec.Functions = append([]FunctionSpec(nil), spec.Functions...)
+	spec.ExtraDrivers = append([]string(nil), spec.ExtraDrivers...)
 	if err := validateSpec(&spec); err != nil {
 		return nil, err
 	}

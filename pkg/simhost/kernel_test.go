@@ -675,3 +675,26 @@ func TestOpenWithDevRoot(t *testing.T) {
 		t.Fatalf("node not in the reopened host's dev root")
 	}
 }
+
+func TestBuildLeavesSpecAlone(t *testing.T) {
+	t.Parallel()
+	spec := E810Host()
+	spec.PFs[0].RootPort = ""
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := Build(TempDir(t), spec)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			h.Close()
+		}()
+	}
+	wg.Wait()
+	if spec.PFs[0].RootPort != "" {
+		t.Fatal("Build filled defaults into the caller's spec")
+	}
+}
