@@ -1,7 +1,9 @@
 package metadata
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +26,9 @@ func (r FileReader) Read(ci kubevirtvmi.ClaimInterface) (*Device, error) {
 	d, err := Read(path)
 	if err == nil {
 		return d, nil
+	}
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, fmt.Errorf("%w; the file must be readable by the sidecar's user (uid 107 for non-root VMs): check vfnet-driver's metadata file mode", err)
 	}
 	if !IsNotExist(err) {
 		return nil, err
