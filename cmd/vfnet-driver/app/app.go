@@ -4,8 +4,8 @@ package app
 
 import (
 	"context"
-	"flag"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -375,4 +375,3 @@ func serveHealth(ctx context.Context, addr string, st *status, stale time.Durati
 	}()
 	return srv, nil
 }
-
