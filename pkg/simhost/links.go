@@ -31,7 +31,9 @@ import (
 //   - a MAC must be 6 bytes and unicast; all-zero clears the admin MAC, as
 //     ice, mlx5 and igb accept;
 //   - min rate <= max rate unless max is 0 (no limit); negative rates EINVAL;
-//   - link state auto/enable/disable.
+//   - link state auto/enable/disable;
+//   - an InfiniBand PF (netdev type 32, IPoIB) supports only reading VFs and
+//     the link state; the other setters fail with EOPNOTSUPP.
 //
 // A VF nobody configured reads as the kernel shows it after SR-IOV enable:
 // MAC 00:00:00:00:00:00, VLAN 0, qos 0, 802.1Q, spoofchk on, trust off,
@@ -173,6 +175,14 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 	num, _ := strconv.Atoi(n)
 	if vf < 0 || vf >= num {
 		return "", syscall.EINVAL
+	}
+	if op != OpVF && op != OpSetLinkState && op != "" {
+		// IPoIB netdevs only offer VF link state and GUIDs
+		// (ipoib_netdev_ops_pf): MAC, VLAN, spoofchk, trust and rate are
+		// not supported.
+		if t, _ := t.read(nd + "/type"); t == "32" {
+			return "", syscall.EOPNOTSUPP
+		}
 	}
 	return pfDir, nil
 }

@@ -207,3 +207,26 @@ func TestLinksAcrossProcesses(t *testing.T) {
 		t.Fatalf("child's unbind not visible: %+v", f)
 	}
 }
+
+func TestLinksInfiniband(t *testing.T) {
+	t.Parallel()
+	h := build(t, InfinibandHost())
+	l := h.Links()
+	if err := l.SetLinkState("ibp216s0f0", 0, vflink.LinkStateEnable); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.VF("ibp216s0f0", 0); err != nil || st.LinkState != "enable" {
+		t.Fatalf("VF = %+v, %v", st, err)
+	}
+	for name, err := range map[string]error{
+		"mac":      l.SetMAC("ibp216s0f0", 0, net.HardwareAddr{2, 0, 0, 0, 0, 1}),
+		"vlan":     l.SetVLAN("ibp216s0f0", 0, 10, 0, ""),
+		"spoofchk": l.SetSpoofChk("ibp216s0f0", 0, false),
+		"trust":    l.SetTrust("ibp216s0f0", 0, true),
+		"rate":     l.SetRate("ibp216s0f0", 0, 0, 100),
+	} {
+		if !errors.Is(err, syscall.EOPNOTSUPP) {
+			t.Errorf("%s on IPoIB: %v, want EOPNOTSUPP", name, err)
+		}
+	}
+}
