@@ -80,7 +80,7 @@ func ApplyContext(ctx context.Context, domainXML []byte, vmi *kubevirtv1.Virtual
 	wanted := make([]hostdev, 0, len(ifaces))
 	sources := make(map[string]string, len(ifaces))
 	for _, ci := range ifaces {
-		h, err := buildHostdev(ci, reader)
+		h, err := buildHostdev(logger, ci, reader)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +105,7 @@ type hostdev struct {
 	el     *libvirtxml.DomainHostdev
 }
 
-func buildHostdev(ci kubevirtvmi.ClaimInterface, reader MetadataReader) (hostdev, error) {
+func buildHostdev(logger klog.Logger, ci kubevirtvmi.ClaimInterface, reader MetadataReader) (hostdev, error) {
 	iface := ci.Interface
 	if !validAliasName(iface.Name) {
 		return hostdev{}, fmt.Errorf("%s: the name cannot form a libvirt user alias (%s<name> allows only letters, digits, '-' and '_'); rename the interface", describe(ci), AliasPrefix)
@@ -123,7 +123,11 @@ func buildHostdev(ci kubevirtvmi.ClaimInterface, reader MetadataReader) (hostdev
 		if err != nil {
 			return hostdev{}, fmt.Errorf("%s: macAddress %q: %w; fix spec.domain.devices.interfaces[].macAddress", describe(ci), iface.MacAddress, err)
 		}
-		if hw := dev.HardwareAddress(); hw != "" {
+		hw := dev.HardwareAddress()
+		if hw == "" {
+			logger.Info("metadata has no networkData.hardwareAddress; cannot verify that the VF carries the interface's macAddress",
+				"interface", iface.Name, "macAddress", iface.MacAddress, "pciBusID", dev.PCIBusID)
+		} else {
 			got, err := net.ParseMAC(hw)
 			if err != nil || !bytes.Equal(got, want) {
 				return hostdev{}, fmt.Errorf("%s: VF %s carries MAC %q but the interface asks for %s; vfnet-driver sets the VMI's macAddress unless the claim's VFConfig sets another mac: make them agree, then restart the VM", describe(ci), dev.PCIBusID, hw, iface.MacAddress)
