@@ -6,7 +6,7 @@ CACHE ?= $(CURDIR)/.cache
 export VFNET_CACHE := $(CACHE)
 GOTEST_FLAGS ?= -race -timeout 40m
 
-.PHONY: all build test unit kubevirt-tests lint deps k8s-bin demo generate images bench clean
+.PHONY: all build test unit kubevirt-tests lint deps k8s-bin demo generate verify-generate images bench clean
 
 all: build
 
@@ -32,13 +32,17 @@ unit:
 kubevirt-tests:
 	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -timeout 30m ./...
 
-test: deps k8s-bin lint unit kubevirt-tests
+test: deps k8s-bin lint verify-generate unit kubevirt-tests
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo
 
 generate:
 	hack/generate.sh
+
+# Fails when the committed protobuf code differs from what the pinned generators make.
+verify-generate:
+	hack/generate.sh --check
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
