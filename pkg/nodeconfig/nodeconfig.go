@@ -343,7 +343,7 @@ func describe(v any) string {
 	case json.Number:
 		return "the number " + x.String()
 	case bool:
-		return fmt.Sprintf("the boolean %t", x)
+		return fmt.Sprintf("the boolean %t (YAML reads unquoted y, n, yes, no, on, off as booleans: quote the value)", x)
 	case []any:
 		return "a list"
 	case map[string]any:

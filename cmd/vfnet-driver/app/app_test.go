@@ -1,0 +1,192 @@
+package app
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vfnet-io/vfnet/pkg/simhost"
+)
+
+const mixedConfig = `apiVersion: vfnet.io/v1alpha1
+kind: NodeConfig
+pfs:
+- pfName: enp59s0f0
+  network: physnet-a
+- vendorID: "15b3"
+  network: physnet-b
+`
+
+func buildHost(t *testing.T, spec simhost.Spec) string {
+	t.Helper()
+	h, err := simhost.Build(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h.Root()
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "node.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func decodeSlices(t *testing.T, out string) []resourceapi.ResourceSlice {
+	t.Helper()
+	var slices []resourceapi.ResourceSlice
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var s resourceapi.ResourceSlice
+		if err := yaml.UnmarshalStrict([]byte(doc), &s); err != nil {
+			t.Fatalf("document is not a ResourceSlice: %v\n%s", err, doc)
+		}
+		slices = append(slices, s)
+	}
+	return slices
+}
+
+func TestInspectMixedHost(t *testing.T) {
+	t.Parallel()
+	root := buildHost(t, simhost.MixedHost())
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	slices := decodeSlices(t, stdout.String())
+	if len(slices) != 1 {
+		t.Fatalf("%d slices", len(slices))
+	}
+	s := slices[0]
+	if s.APIVersion != "resource.k8s.io/v1" || s.Kind != "ResourceSlice" || s.Spec.Driver != "sriov.vfnet.io" || s.Spec.Pool.Name != "node-a" || *s.Spec.NodeName != "node-a" {
+		t.Fatalf("slice header %+v %+v", s.TypeMeta, s.Spec.Pool)
+	}
+	var names []string
+	for _, d := range s.Spec.Devices {
+		names = append(names, d.Name+"="+*d.Attributes["vfnet.io/network"].StringValue)
+	}
+	want := "vf-0000-3b-02-0=physnet-a vf-0000-3b-02-1=physnet-a vf-0000-3b-02-3=physnet-a " +
+		"vf-0000-d8-00-2=physnet-b vf-0000-d8-00-3=physnet-b vf-0000-d8-00-4=physnet-b vf-0000-d8-00-5=physnet-b"
+	if strings.Join(names, " ") != want {
+		t.Fatalf("devices\n got %s\nwant %s", strings.Join(names, " "), want)
+	}
+	if !strings.Contains(stderr.String(), "not offered: 0000:3b:02.2") {
+		t.Errorf("stderr does not explain the skipped vfio-pci VF: %s", stderr.String())
+	}
+}
+
+func TestInspectLargeHostSplits(t *testing.T) {
+	t.Parallel()
+	root := buildHost(t, simhost.LargeHost())
+	var stdout, stderr bytes.Buffer
+	cfg := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- deviceID: \"1593\"\n  network: net\n")
+	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	slices := decodeSlices(t, stdout.String())
+	if len(slices) != 8 {
+		t.Fatalf("%d slices, want 8", len(slices))
+	}
+	for i, s := range slices {
+		if len(s.Spec.Devices) != 128 || s.Spec.Pool.ResourceSliceCount != 8 || !strings.HasPrefix(s.GenerateName, "0000"+string("01234567"[i])+"-") {
+			t.Fatalf("slice %d: %d devices, %s", i, len(s.Spec.Devices), s.GenerateName)
+		}
+	}
+}
+
+func TestInspectNoConfigPublishesEmptySlice(t *testing.T) {
+	t.Parallel()
+	root := buildHost(t, simhost.E810Host())
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	slices := decodeSlices(t, stdout.String())
+	if len(slices) != 1 || len(slices[0].Spec.Devices) != 0 {
+		t.Fatalf("want one empty slice, got %+v", slices)
+	}
+	if got := strings.Count(stderr.String(), "\n"); got != 1 || !strings.Contains(stderr.String(), "no node configuration given") {
+		t.Fatalf("want one line explaining why, got %q", stderr.String())
+	}
+}
+
+func TestInspectErrors(t *testing.T) {
+	t.Parallel()
+	root := buildHost(t, simhost.E810Host())
+	for name, tc := range map[string]struct {
+		args []string
+		code int
+		want string
+	}{
+		"bad field": {[]string{"--config", writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n  network: n\n  vf: [1]\n"), "--node-name", "n"},
+			1, "node.yaml: pfs[0].vf: unknown field"},
+		"bad value": {[]string{"--config", writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n  network: Net_A\n"), "--node-name", "n"},
+			1, "pfs[0].network: \"Net_A\" is not a DNS label"},
+		"missing file": {[]string{"--config", "/nonexistent/node.yaml", "--node-name", "n"}, 1, "/nonexistent/node.yaml"},
+		"overlap": {[]string{"--config", writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n- vendorID: \"8086\"\n  network: b\n"), "--node-name", "n"},
+			1, "is matched by pfs[0] and pfs[1]"},
+		"no node":  {[]string{}, 2, "--node-name"},
+		"bad flag": {[]string{"--bogus"}, 2, "bogus"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := Inspect(append([]string{"--sysfs-root", root}, tc.args...), &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
+				t.Fatalf("exit %d (want %d), stdout %q, stderr %q (want %q)", code, tc.code, stdout.String(), stderr.String(), tc.want)
+			}
+		})
+	}
+}
+
+// TestBuiltCommand runs the real binary: inspect output and exit codes, and
+// the driver refusing a bad configuration before touching anything.
+func TestBuiltCommand(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "vfnet-driver")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/vfnet-driver").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	root := buildHost(t, simhost.MixedHost())
+	good := writeFile(t, mixedConfig)
+	out, err := exec.Command(bin, "inspect", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
+	if err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	if s := decodeSlices(t, string(out)); len(s) != 1 || len(s[0].Spec.Devices) != 7 {
+		t.Fatalf("inspect output: %s", out)
+	}
+	bad := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n")
+	for _, args := range [][]string{
+		{"inspect", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
+		{"--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n", "--kubeconfig", "/nonexistent"},
+	} {
+		cmd := exec.Command(bin, args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "pfs[0].network: missing") {
+			t.Errorf("%v: err %v, stderr %s", args, err, stderr.String())
+		}
+	}
+	// Simulation is refused unless asked for: without --simulate the real
+	// kernel paths are used, and a synthetic tree is read as a plain sysfs.
+	cmd := exec.Command(bin, "--sysfs-root", root, "--node-name", "n", "--kubeconfig", "/nonexistent")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err == nil || strings.Contains(stderr.String(), "SIMULATED") {
+		t.Errorf("driver without --simulate: %v %s", err, stderr.String())
+	}
+}
