@@ -440,12 +440,16 @@ func (a attrAt) hexID() (string, error) {
 }
 
 func (a attrAt) readlink() (string, error) {
-	var buf [256]byte
-	n, err := unix.Readlinkat(a.dfd, a.name, buf[:])
-	if err != nil {
-		return "", a.err("readlink", err)
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(a.dfd, a.name, buf)
+		if err != nil {
+			return "", a.err("readlink", err)
+		}
+		if n < size { // a full buffer may be a truncated target
+			return string(buf[:n]), nil
+		}
 	}
-	return string(buf[:n]), nil
 }
 
 func (a attrAt) dirNames() ([]string, error) {
@@ -631,19 +635,6 @@ func direntNames(fd int) ([]string, error) {
 		}
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
-}
-
-// readHexID reads a vendor/device file ("0x8086") into "8086".
-func readHexID(path string) (string, error) {
-	v, err := readAttr(path)
-	if err != nil {
-		return "", err
-	}
-	id := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(v, "0x"), "0X"))
-	if len(id) != 4 || !isHex(id) {
-		return "", fmt.Errorf("%s: want a 16-bit hex ID like 0x8086, got %q", path, v)
-	}
-	return id, nil
 }
 
 // ValidBDF reports whether s is a lower-case PCI address "dddd:bb:ss.f".
