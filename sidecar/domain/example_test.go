@@ -44,7 +44,7 @@ func ExampleApply() {
 	// 		<emulator>/usr/libexec/qemu-kvm</emulator>
 	// 		<hostdev mode="subsystem" type="pci" managed="no">
 	// 			<source>
-	// 				<address type="pci" domain="0x0000" bus="0x3b" slot="0x02" function="0x1"></address>
+	// 				<address domain="0x0000" bus="0x3b" slot="0x02" function="0x1"></address>
 	// 			</source>
 	// 			<alias name="ua-sriov-dra-net"></alias>
 	// 		</hostdev>

@@ -196,10 +196,7 @@ func marshalHostdev(h hostdev, prefix, unit string, pretty bool) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("marshal hostdev %s: %w", h.alias, err)
 	}
-	// libvirtxml cannot emit type on a hostdev's source address; KubeVirt's
-	// own SR-IOV hostdevs carry type="pci" there, so ours do too. The source
-	// address is the first <address in the element.
-	return bytes.Replace(b, []byte("<address domain="), []byte(`<address type="pci" domain=`), 1), nil
+	return b, nil
 }
 
 // splice writes wanted into data: a hostdev whose alias is already present
