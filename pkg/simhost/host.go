@@ -37,9 +37,8 @@ type persisted struct {
 type Option func(*options)
 
 type options struct {
-	vfioDelay    *time.Duration
-	devRoot      string
-	withoutState bool
+	vfioDelay *time.Duration
+	devRoot   string
 }
 
 // WithVFIODevDelay makes /dev/vfio/<group> appear d after the vfio-pci bind
