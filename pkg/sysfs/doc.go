@@ -9,6 +9,8 @@
 //	fn, err := h.Function(bdf)     // re-read one function (driver, group, netdevs, override)
 //	h.DriverLoaded("vfio-pci")     // bus/pci/drivers/<name> exists
 //	h.VFIOGroupDevice(group)       // "42" or "noiommu-42": the name of the node under /dev/vfio
+//	h.IOMMUGroupDevices(group)     // BDFs in the group
+//	h.NoIOMMUMode()                // vfio's enable_unsafe_noiommu_mode is Y
 //
 // What is read, per function (the layout the kernel exposes):
 //
@@ -32,6 +34,12 @@
 // without an IOMMU group to vfio-pci makes vfio allocate a fake group whose
 // kernel/iommu_groups/<N>/name reads "vfio-noiommu"; its character device is
 // /dev/vfio/noiommu-<N> instead of /dev/vfio/<N>. VFIOGroupDevice reports that.
+//
+// Discover first lists bus/pci/devices and the PFs' virtfn links (in
+// address order a PF precedes its VFs, so VF entries are not probed), then
+// reads the PFs and VFs on GOMAXPROCS goroutines, each function through one
+// O_PATH directory descriptor. 4 PFs x 256 VFs take about 33 ms of CPU
+// (~19 syscalls per VF; BenchmarkDiscoverLargeHost).
 //
 // Bad or partial sysfs (dangling links, unreadable or garbage files, a
 // missing numa_node) skips only the affected function with a log line naming
