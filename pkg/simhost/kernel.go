@@ -59,7 +59,11 @@ func (k *Kernel) SetWriteHook(fn func(rel string, data []byte) error) {
 	k.hook = fn
 }
 
-// Writes returns the writes received so far, in order.
+// maxWriteLog bounds the write log; the oldest half goes when it is full.
+const maxWriteLog = 4096
+
+// Writes returns the writes received so far, in order (at most the last
+// few thousand).
 func (k *Kernel) Writes() []Write {
 	unlock := k.h.lock()
 	defer unlock()
@@ -85,6 +89,10 @@ func (k *Kernel) WriteFile(rel string, data []byte) error {
 	defer unlock()
 	rel = path.Clean(strings.TrimPrefix(filepath.ToSlash(rel), "/"))
 	err := k.write(rel, data)
+	if len(k.log) >= maxWriteLog {
+		// A long --simulate run must not grow without bound.
+		k.log = append(k.log[:0], k.log[len(k.log)-maxWriteLog/2:]...)
+	}
 	k.log = append(k.log, Write{Rel: rel, Data: string(data), Err: err})
 	return err
 }
