@@ -185,9 +185,12 @@ func pfSummary(pfs []sysfs.PF) string {
 // what prepare hands to KEP-5304 device metadata.
 func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 10)
-	if a, err := deviceattribute.GetPCIBusIDAttribute(d.Address); err == nil {
-		attrs[a.Name] = a.Value
-	}
+	// Same name and value as deviceattribute.GetPCIBusIDAttribute (a test
+	// checks), built directly: the helper compiles a regexp on every call,
+	// which made it most of a 1024-VF rescan, and d.Address was validated by
+	// DeviceName already.
+	bdf := d.Address
+	attrs[deviceattribute.StandardDeviceAttributePCIBusID] = resourceapi.DeviceAttribute{StringValue: &bdf}
 	if d.PCIeRoot != "" {
 		root := d.PCIeRoot
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: &root}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
@@ -213,6 +214,23 @@ func TestBuildPFWithoutNetdevSkipped(t *testing.T) {
 	}
 	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "no netdev") {
 		t.Fatalf("res = %+v", res)
+	}
+}
+
+func TestPCIBusIDMatchesUpstreamHelper(t *testing.T) {
+	t.Parallel()
+	d := Device{Address: "0000:3b:02.1", NUMANode: 1}
+	want, err := deviceattribute.GetPCIBusIDAttribute(d.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := d.Attributes()[want.Name]
+	if !ok || *got.StringValue != *want.Value.StringValue {
+		t.Fatalf("pciBusID = %+v, upstream helper says %+v", got, want)
+	}
+	wantNUMA, _ := deviceattribute.GetNUMANodeAttribute(1, deviceattribute.ScalarAttribute)
+	if gotNUMA := d.Attributes()[wantNUMA.Name]; *gotNUMA.IntValue != *wantNUMA.Value.IntValue {
+		t.Fatalf("numaNode = %+v, want %+v", gotNUMA, wantNUMA)
 	}
 }
 
