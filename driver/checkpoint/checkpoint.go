@@ -136,6 +136,13 @@ var ErrCorrupt = errors.New("checkpoint unusable")
 // ErrCorrupt: guessing would risk leaving VFs on vfio-pci or handing them
 // to two claims.
 func (s Store) Load() (*File, error) {
+	// Temp files of a write a crash interrupted hold nothing the renamed
+	// file lacks; remove them.
+	if stale, err := filepath.Glob(filepath.Join(filepath.Dir(s.Path), "."+filepath.Base(s.Path)+".*.tmp")); err == nil {
+		for _, f := range stale {
+			_ = os.Remove(f)
+		}
+	}
 	data, err := os.ReadFile(s.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &File{Version: Version, Claims: map[types.UID]*Claim{}}, nil

@@ -34,7 +34,13 @@ func TestRoundTrip(t *testing.T) {
 	if d.Original.MAC.String() != "02:00:00:00:00:01" || d.Step != StepConfiguring || d.OriginalDriver != "iavf" || !d.Original.SpoofChk {
 		t.Fatalf("round trip lost data: %+v", d)
 	}
-	// No temp files are left behind.
+	// No temp files are left behind, and a crashed write's are removed.
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.Path), "."+FileName+".123.tmp"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(); err != nil {
+		t.Fatal(err)
+	}
 	ents, _ := os.ReadDir(filepath.Dir(s.Path))
 	if len(ents) != 1 {
 		t.Fatalf("directory holds %d entries, want only the checkpoint", len(ents))

@@ -17,7 +17,6 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/pkg/pcibind"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
@@ -33,7 +32,7 @@ const (
 	StepCheckpointDropped     = "checkpoint-dropped"
 )
 
-func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim, discover func() ([]sysfs.PF, error)) ([]kubeletplugin.Device, error) {
+func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	logger := klog.FromContext(ctx)
 	results, err := s.ourResults(claim)
 	if err != nil {
@@ -48,7 +47,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 		return s.deviceResults(claim.UID, entry), nil
 	}
 	if entry == nil {
-		if entry, err = s.record(ctx, claim, results, discover); err != nil {
+		if entry, err = s.record(ctx, claim, results); err != nil {
 			return nil, err
 		}
 		s.hook(StepCheckpointRecorded)
@@ -78,8 +77,8 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 
 // record plans the claim, captures the original state of every VF and
 // writes it to the checkpoint before anything on the host changes.
-func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult, discover func() ([]sysfs.PF, error)) (*checkpoint.Claim, error) {
-	plans, err := s.makePlans(ctx, claim, results, discover)
+func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (*checkpoint.Claim, error) {
+	plans, err := s.makePlans(ctx, claim, results)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +91,7 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 			Request: p.result.Request, Pool: p.result.Pool, Device: p.result.Device,
 			BDF: p.ref.Address, PFAddress: p.ref.PFAddress, PFNetDev: p.ref.PFName, VFIndex: p.ref.VFIndex,
 			Step:           checkpoint.StepConfiguring,
-			OriginalDriver: p.ref.VF.Driver,
+			OriginalDriver: p.ref.Driver,
 		}
 		if d.OriginalOverride, err = s.binder.Override(d.BDF); err != nil {
 			return nil, stepError(d, "read original state", err)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/preparetest"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
@@ -331,5 +332,76 @@ func TestUnprepareVanishedVF(t *testing.T) {
 	v := e.Snapshot(t).VFs["0000:3b:12.1"]
 	if v.Driver != "iavf" || v.Override != "(null)" {
 		t.Fatalf("VF on the other PF: %+v", v)
+	}
+}
+
+// The VF's PF and index come from sysfs for every NIC layout (offsets,
+// strides, mlx5's shared PF/VF driver, a VF left unbound).
+func TestLocateAcrossNICs(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.MixedHost())
+	s := e.NewState(t, nil)
+	pfs, err := e.Host.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.Snapshot(t)
+	n := 0
+	for _, pf := range pfs {
+		for _, vf := range pf.VFs {
+			if vf.Driver == "vfio-pci" {
+				continue // pre-bound by the admin; covered elsewhere
+			}
+			name, err := discovery.DeviceName(vf.Address)
+			if err != nil {
+				t.Fatal(err)
+			}
+			uid := types.UID("uid-" + name)
+			c := preparetest.Claim("ns", name, uid, []string{name}, preparetest.Config(fromClaim, `{`+hdr+`,"vlan":77}`))
+			e.AddClaim(t, c)
+			r := prepareOne(t, s, c)
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			if a := r.Devices[0].Metadata.Attributes["vfnet.io/vfIndex"]; a.IntValue == nil || *a.IntValue != int64(vf.Index) {
+				t.Fatalf("%s: vfIndex attribute %+v, want %d", name, a, vf.Index)
+			}
+			link, err := e.Host.VFState(pf.NetDevs[0], vf.Index)
+			if err != nil || link.VLAN != 77 {
+				t.Fatalf("%s: VLAN not set on %s vf %d: %+v %v", name, pf.NetDevs[0], vf.Index, link, err)
+			}
+			if err := unprepareOne(t, s, c); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+	}
+	if n < 8 {
+		t.Fatalf("only %d VFs tried", n)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host changed:\n%s\nwant\n%s", got, before)
+	}
+}
+
+// A VF the admin bound to vfio-pci before is used as is and left so.
+func TestPreboundVFIO(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.MixedHost())
+	s := e.NewState(t, nil)
+	before := e.Snapshot(t)
+	c := preparetest.Claim("ns", "a", "uid-a", []string{"vf-0000-3b-02-2"})
+	e.AddClaim(t, c)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host changed:\n%s\nwant\n%s", got, before)
+	}
+	if v := before.VFs["0000:3b:02.2"]; v.Driver != "vfio-pci" {
+		t.Fatalf("fixture changed: %+v", v)
 	}
 }

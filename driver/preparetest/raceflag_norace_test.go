@@ -1,0 +1,5 @@
+//go:build !race
+
+package preparetest
+
+const raceEnabled = false
