@@ -108,6 +108,9 @@ func New(opts Options) (*State, error) {
 	if opts.VFIOTimeout <= 0 {
 		opts.VFIOTimeout = 30 * time.Second
 	}
+	if err := os.MkdirAll(filepath.Dir(opts.CheckpointPath), 0o750); err != nil {
+		return nil, fmt.Errorf("create the checkpoint directory: %w", err)
+	}
 	store := checkpoint.Store{Path: opts.CheckpointPath}
 	cp, err := store.Load()
 	if err != nil {

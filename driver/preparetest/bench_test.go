@@ -2,6 +2,7 @@ package preparetest
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -16,14 +17,19 @@ import (
 // synthetic host, whose /dev/vfio node appears immediately. The host,
 // plugin and CDI directories are on tmpfs when available, so the numbers
 // are the driver's own overhead; the Disk variant adds real fsync cost.
-func BenchmarkPrepareUnprepareGRPC(b *testing.B) { benchPrepare(b, FastDir()) }
+func BenchmarkPrepareUnprepareGRPC(b *testing.B) { benchPrepare(b, "") }
 
-// BenchmarkPrepareUnprepareGRPCDisk keeps everything on the test's temp
-// directory (a real disk here): checkpoint and CDI writes fsync.
-func BenchmarkPrepareUnprepareGRPCDisk(b *testing.B) { benchPrepare(b, "") }
+// BenchmarkPrepareUnprepareGRPCDisk keeps the simulated sysfs on tmpfs (as
+// the real one is in memory) but the plugin directory (checkpoint, metadata
+// files) and the CDI directory on the test's temp directory, a real disk
+// here: what the driver's fsyncs cost on such a node.
+func BenchmarkPrepareUnprepareGRPCDisk(b *testing.B) { benchPrepare(b, b.TempDir()) }
 
-func benchPrepare(b *testing.B, base string) {
-	e := NewEnv(b, base, simhost.E810Host())
+func benchPrepare(b *testing.B, stateDir string) {
+	e := NewEnv(b, FastDir(), simhost.E810Host())
+	if stateDir != "" {
+		e.PluginDir, e.CDIRoot = filepath.Join(stateDir, "plugin"), filepath.Join(stateDir, "cdi")
+	}
 	e.UseSimpleClient()
 	pod := e.AddVM(b, "ns", "vm1", "vf-claim", "02:00:00:00:00:07")
 	claim := ReserveFor(Claim("ns", "bench", "uid-bench", []string{"vf-0000-3b-02-1"},
