@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -260,11 +261,19 @@ func run(ctx context.Context, f driverFlags) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var loop *slices.Loop
+	// The plugin serves prepare calls before the loop exists; they read it
+	// through this pointer (nil: attributes come from sysfs).
+	var published atomic.Pointer[slices.Loop]
 	state, err := prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
-		MACs:      maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
-		Published: func() []discovery.Device { return loop.Published() },
+		MACs: maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
+		Published: func() []discovery.Device {
+			if l := published.Load(); l != nil {
+				return l.Published()
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
@@ -285,6 +294,7 @@ func run(ctx context.Context, f driverFlags) error {
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 	})
+	published.Store(loop)
 	if _, err := loop.Scan(ctx); err != nil {
 		return err
 	}
