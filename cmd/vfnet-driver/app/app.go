@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -163,6 +164,13 @@ func runDriver(args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer klog.Flush()
+	if _, set := os.LookupEnv("GOGC"); !set {
+		// The idle driver's live heap is about 10 MiB with 1024 VFs; the
+		// default GOGC=100 lets the heap reach twice that between cycles.
+		// The driver allocates little once running, so collecting earlier
+		// costs next to no CPU.
+		debug.SetGCPercent(50)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
