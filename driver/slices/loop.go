@@ -46,7 +46,11 @@ type LoopOptions struct {
 type Loop struct {
 	opts LoopOptions
 
+	// mu serialises scans. published has its own lock so Published never
+	// waits for a scan (the prepare path calls it, and a scan calls back into
+	// the prepare path through Owned).
 	mu        sync.Mutex
+	pubMu     sync.RWMutex
 	cfg       *nodeconfig.Config
 	haveCfg   bool
 	published []discovery.Device
@@ -119,7 +123,10 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	}
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
 		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice))
-	l.published, l.didPub = res.Devices, true
+	l.pubMu.Lock()
+	l.published = res.Devices
+	l.pubMu.Unlock()
+	l.didPub = true
 	return true, nil
 }
 
@@ -143,8 +150,8 @@ func (l *Loop) Run(ctx context.Context, interval time.Duration) {
 
 // Published returns the devices last published.
 func (l *Loop) Published() []discovery.Device {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.pubMu.RLock()
+	defer l.pubMu.RUnlock()
 	return slices.Clone(l.published)
 }
 

@@ -181,3 +181,27 @@ func TestLoopStartupErrors(t *testing.T) {
 		t.Fatalf("no config: %v, %v, %d devices", changed, err, pub.lastDevices("n"))
 	}
 }
+
+// TestPublishedDuringScan: the prepare path reads Published while a scan
+// asks it (Owned) about VFs; that must not deadlock.
+func TestPublishedDuringScan(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	var l *Loop
+	calls := 0
+	l = NewLoop(LoopOptions{NodeName: "n", Publisher: &recorder{},
+		Discoverer: &fakeDiscoverer{pfs: []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 2)}},
+		LoadConfig: func() (*nodeconfig.Config, error) { return cfg(t, "a"), nil },
+		Owned: func(string) bool {
+			calls++
+			_ = l.Published()
+			return true
+		}})
+	l.opts.Discoverer.(*fakeDiscoverer).pfs[0].VFs[0].Driver = "vfio-pci"
+	if _, err := l.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || len(l.Published()) != 2 {
+		t.Fatalf("Owned called %d times, %d devices published", calls, len(l.Published()))
+	}
+}
