@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -23,7 +24,9 @@ import (
 // The crash test runs the driver in a child process (this test binary,
 // re-executed) that exits abruptly at the N-th step of prepare or unprepare:
 // no deferred code runs, exactly like a kill. The parent then plays the
-// restarted driver and checks the host converges.
+// restarted driver and checks the host converges. Modes: prepare,
+// unprepare, and prepare-failing (a bind failure makes prepare roll back, so
+// the later crash points fall inside the rollback).
 
 const (
 	envHelper    = "VFNET_CRASH_HELPER"
@@ -73,6 +76,19 @@ func TestCrashHelper(t *testing.T) {
 	}
 	ctx := context.Background()
 	switch os.Getenv(envMode) {
+	case "prepare-failing":
+		// The second VF's bind fails, so prepare rolls back: the crash
+		// points past the failure are inside the rollback.
+		h.Kernel().SetWriteHook(func(rel string, data []byte) error {
+			if rel == "bus/pci/drivers/vfio-pci/bind" && string(data) == "0000:3b:02.3" {
+				return syscall.EIO
+			}
+			return nil
+		})
+		res, _ := s.Prepare(ctx, []*resourceapi.ResourceClaim{&claim})
+		if res[claim.UID].Err == nil {
+			t.Fatal("prepare succeeded despite the injected bind failure")
+		}
 	case "prepare":
 		res, _ := s.Prepare(ctx, []*resourceapi.ResourceClaim{&claim})
 		if res[claim.UID].Err != nil {
@@ -158,7 +174,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		t.Fatal("prepare changed nothing")
 	}
 
-	for _, mode := range []string{"prepare", "unprepare"} {
+	for _, mode := range []string{"prepare", "unprepare", "prepare-failing"} {
 		thens := []string{"unprepare", "prepare"}
 		if raceEnabled {
 			// Children are separate processes, so the race detector adds
