@@ -4,10 +4,12 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -28,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
@@ -65,6 +68,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	root := fs.String("sysfs-root", "/sys", "root of the sysfs tree to read")
 	cfgPath := fs.String("config", "", "node configuration file (NodeConfig YAML); without it nothing is offered")
 	node := fs.String("node-name", os.Getenv("NODE_NAME"), "node name: the pool name (env NODE_NAME)")
+	pluginDir := fs.String("plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory; VFs its checkpoint holds count as vfnet's own")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -84,7 +88,11 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: discover SR-IOV devices under %s: %v\n", *root, err)
 		return 1
 	}
-	res, err := discovery.Build(pfs, cfg, discovery.Options{})
+	owned, err := checkpointVFs(filepath.Join(*pluginDir, "checkpoint.json"))
+	if err != nil {
+		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
+	}
+	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] }})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -110,6 +118,30 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// checkpointVFs reads the running driver's checkpoint without changing
+// anything (checkpoint.Store.Load tidies temp files, which must not race
+// with a live driver): the VFs vfnet prepared, bound to vfio-pci by vfnet.
+func checkpointVFs(path string) (map[string]bool, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var f checkpoint.File
+	if err := json.Unmarshal(data, &f); err != nil || f.Version != checkpoint.Version {
+		return nil, fmt.Errorf("checkpoint %s unreadable (version %d, want %d): %v", path, f.Version, checkpoint.Version, err)
+	}
+	owned := map[string]bool{}
+	for _, c := range f.Claims {
+		for _, d := range c.Devices {
+			owned[d.BDF] = true
+		}
+	}
+	return owned, nil
 }
 
 func loadConfig(path string) (*nodeconfig.Config, error) {

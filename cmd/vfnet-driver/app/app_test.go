@@ -10,8 +10,10 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 )
 
@@ -188,5 +190,28 @@ func TestBuiltCommand(t *testing.T) {
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err == nil || strings.Contains(stderr.String(), "SIMULATED") {
 		t.Errorf("driver without --simulate: %v %s", err, stderr.String())
+	}
+}
+
+// TestInspectCountsPreparedVFs: a VF the running driver bound to vfio-pci
+// for a claim (it is in the checkpoint) stays offered.
+func TestInspectCountsPreparedVFs(t *testing.T) {
+	t.Parallel()
+	root := buildHost(t, simhost.MixedHost())
+	pluginDir := t.TempDir()
+	cp := &checkpoint.File{Version: checkpoint.Version, Claims: map[types.UID]*checkpoint.Claim{
+		"uid-1": {Namespace: "ns", Name: "c", Phase: checkpoint.PhasePrepared, Devices: []checkpoint.Device{{BDF: "0000:3b:02.2", Device: "vf-0000-3b-02-2"}}},
+	}}
+	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Save(cp); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	s := decodeSlices(t, stdout.String())
+	if len(s) != 1 || len(s[0].Spec.Devices) != 8 || s[0].Spec.Devices[2].Name != "vf-0000-3b-02-2" || strings.Contains(stderr.String(), "not offered") {
+		t.Fatalf("devices %d, stderr %s", len(s[0].Spec.Devices), stderr.String())
 	}
 }
