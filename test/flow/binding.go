@@ -57,8 +57,10 @@ func (e *Env) RunBinding(ctx context.Context, n *Node, podUID types.UID, vmiJSON
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start vfnet-binding: %w", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	// done is closed when the process is reaped; waitErr is then set.
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
 	defer func() {
 		select {
 		case <-done:
@@ -82,8 +84,8 @@ func (e *Env) RunBinding(ctx context.Context, n *Node, podUID types.UID, vmiJSON
 			break
 		}
 		select {
-		case err := <-done:
-			return nil, fmt.Errorf("vfnet-binding exited before serving: %v\n%s", err, readLog())
+		case <-done:
+			return nil, fmt.Errorf("vfnet-binding exited before serving: %v\n%s", waitErr, readLog())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -121,9 +123,9 @@ func (e *Env) RunBinding(ctx context.Context, n *Node, podUID types.UID, vmiJSON
 		}
 	}
 	select {
-	case err := <-done:
-		if err != nil {
-			return nil, fmt.Errorf("vfnet-binding exit after Shutdown: %w\n%s", err, readLog())
+	case <-done:
+		if waitErr != nil {
+			return nil, fmt.Errorf("vfnet-binding exit after Shutdown: %w\n%s", waitErr, readLog())
 		}
 	case <-time.After(20 * time.Second):
 		return nil, fmt.Errorf("vfnet-binding did not exit after Shutdown\n%s", readLog())

@@ -167,6 +167,7 @@ func (n *Node) DriverArgs(kubeconfig string) []string {
 		"--node-name=" + n.Name,
 		"--pod-uid=" + string(n.DriverPod.UID),
 		"--sysfs-root=" + n.Host.Root(),
+		"--dev-root=" + n.Host.DevRoot(),
 		"--node-config=" + n.NodeConfig,
 		"--registrar-dir=" + n.RegistrarDir,
 		"--plugin-dir=" + n.PluginDir,

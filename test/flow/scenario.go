@@ -132,7 +132,7 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 		return res, err
 	}
 	if err := e.step("4. controller makes the claim, scheduler allocates a VF and binds the pod, kubelet prepares it", func() error {
-		return e.schedulePrepare(ctx, node, vms["vm-a"], res)
+		return e.schedulePrepare(ctx, node, vms["vm-a"], res, original)
 	}); err != nil {
 		return res, err
 	}
@@ -164,7 +164,7 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 			return err
 		}
 		vms["vm-b"] = &vmRun{vm: vm}
-		if err := e.schedulePrepare(ctx, node, vms["vm-b"], res); err != nil {
+		if err := e.schedulePrepare(ctx, node, vms["vm-b"], res, original); err != nil {
 			return err
 		}
 		return e.checkPrepared(ctx, node, vms["vm-b"], 200)
@@ -195,20 +195,35 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 	}); err != nil {
 		return res, err
 	}
-	if err := e.step("10. delete vm-b: its VF is freed and vm-c gets it; then the driver crashes (SIGKILL) and a new one unprepares vm-c", func() error {
-		if err := e.teardownVM(ctx, node, vms["vm-b"], original); err != nil {
+	if err := e.step("10. delete vm-b: vm-c gets the freed VF with its own MAC and VLAN; the driver crashes (SIGKILL), a new one unprepares vm-c", func() error {
+		// vm-c is waiting for physnet-b's only VF, so it is prepared the
+		// moment vm-b's claim is gone: vm-b's restore is checked through the
+		// kubelet's order of calls here and through the final host state.
+		if err := e.DeleteVM(ctx, vms["vm-b"].vm, vms["vm-b"].sched.Claim.Name, 60*time.Second); err != nil {
 			return err
 		}
-		if err := e.schedulePrepare(ctx, node, vms["vm-c"], res); err != nil {
+		if err := e.schedulePrepare(ctx, node, vms["vm-c"], res, original); err != nil {
 			return err
 		}
+		if vms["vm-c"].ref.Device != vms["vm-b"].ref.Device {
+			return fmt.Errorf("vm-c got %s, want vm-b's freed %s", vms["vm-c"].ref.Device, vms["vm-b"].ref.Device)
+		}
+		if err := orderedEvents(node.Kubelet.Events(), "unprepared default/"+vms["vm-b"].vm.Pod.Name, "prepared default/"+vms["vm-c"].vm.Pod.Name); err != nil {
+			return err
+		}
+		// Its pod waited for a free VF: that is no preparation latency.
+		delete(res.PodToPrepared, "vm-c")
 		if err := e.checkPrepared(ctx, node, vms["vm-c"], 300); err != nil {
 			return err
 		}
 		if err := node.StopDriver(true); err != nil {
 			return err
 		}
+		e.say("    vfnet-driver killed with SIGKILL; starting a new one")
 		if err := node.StartDriver(ctx); err != nil {
+			return err
+		}
+		if _, err := e.WaitSlices(ctx, node.Name, 3, 60*time.Second); err != nil {
 			return err
 		}
 		return e.teardownVM(ctx, node, vms["vm-c"], original)
@@ -240,7 +255,7 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-func (e *Env) schedulePrepare(ctx context.Context, node *Node, r *vmRun, res *Result) error {
+func (e *Env) schedulePrepare(ctx context.Context, node *Node, r *vmRun, res *Result, original map[string]VFHostState) error {
 	sched, err := e.WaitScheduled(ctx, r.vm, 60*time.Second)
 	if err != nil {
 		return err
@@ -252,9 +267,9 @@ func (e *Env) schedulePrepare(ctx context.Context, node *Node, r *vmRun, res *Re
 	if r.ref, err = e.Ref(ctx, node.Name, sched.Device.Device); err != nil {
 		return err
 	}
-	if r.before, err = node.VFState(r.ref); err != nil {
-		return err
-	}
+	// The driver may already be preparing: "before" is the state recorded
+	// when the node started.
+	r.before = original[r.ref.Device]
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	st, err := node.Kubelet.WaitPrepared(wctx, r.vm.Pod.UID)
@@ -382,6 +397,23 @@ func (e *Env) teardownVM(ctx context.Context, node *Node, r *vmRun, original map
 		return fmt.Errorf("after unprepare VF %s: %w", r.ref.BDF, err)
 	}
 	e.say("    %s unprepared: back on %s, MAC %s, VLAN %d; claim %s deleted", r.ref.BDF, st.Driver, st.Link.MAC, st.Link.VLAN, r.sched.Claim.Name)
+	return nil
+}
+
+// orderedEvents checks that first happened before second in the kubelet's log.
+func orderedEvents(events []string, first, second string) error {
+	i, j := -1, -1
+	for k, ev := range events {
+		if ev == first && i < 0 {
+			i = k
+		}
+		if ev == second && j < 0 {
+			j = k
+		}
+	}
+	if i < 0 || j < 0 || i > j {
+		return fmt.Errorf("kubelet events %v: want %q before %q", events, first, second)
+	}
 	return nil
 }
 
