@@ -258,7 +258,16 @@ func (w *Watcher) Sync(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 			w.run(ctx, vmi, act)
 		}()
 	}
-	return w.checkMAC(ctx, vmi, ifaces)
+	if err := w.checkMAC(ctx, vmi, ifaces); err != nil {
+		if apierrors.IsForbidden(err) {
+			// Retrying cannot help; say once what is missing.
+			klog.FromContext(ctx).Error(err, "Cannot check vfnet interface MACs for migratability (RBAC: the driver needs list on pods)", "vmi", klog.KObj(vmi))
+			w.markMACChecked(vmi.UID)
+			return nil
+		}
+		return err
+	}
+	return nil
 }
 
 func (w *Watcher) warnNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInterface) {
@@ -394,6 +403,9 @@ func (w *Watcher) launcherPod(ctx context.Context, vmi *kubevirtv1.VirtualMachin
 		return pod, nil
 	}
 	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set{LauncherPodLabel: string(vmi.UID)}.String()})
+	if apierrors.IsForbidden(err) {
+		return nil, fmt.Errorf("list launcher pods of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
 	if err != nil {
 		return nil, retryable{fmt.Errorf("list launcher pods of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
@@ -363,4 +365,30 @@ func toUnstructured(t testing.TB, vmi *kubevirtv1.VirtualMachineInstance) *unstr
 		t.Fatal(err)
 	}
 	return &unstructured.Unstructured{Object: m}
+}
+
+func TestMACCheckGivesUpWhenPodListForbidden(t *testing.T) {
+	t.Parallel()
+	vmi := newVMI("vm1", "uid-1", "node-a", ifaceOpt{name: "net1"})
+	e := newEnv(t, "node-a")
+	e.kube.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("RBAC: no list"))
+	})
+	lists := func() int {
+		n := 0
+		for _, a := range e.kube.Actions() {
+			if a.GetVerb() == "list" && a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	for range 2 {
+		if err := e.sync(t, vmi); err != nil {
+			t.Fatalf("a forbidden list must not be retried: %v", err)
+		}
+	}
+	if n := lists(); n != 1 {
+		t.Fatalf("%d pod lists, want 1: the MAC check must give up on Forbidden", n)
+	}
 }
