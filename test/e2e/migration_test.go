@@ -77,6 +77,7 @@ func TestLiveMigration(t *testing.T) {
 		latencies = append(latencies, d)
 	}
 	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
+	checkNotMigratableWarning(ctx, t, env)
 	for name, n := range nodes {
 		if strings.Contains(n.DriverLog(1<<20), "panic") {
 			t.Errorf("driver on %s logged a panic:\n%s", name, n.DriverLog(4000))
@@ -353,4 +354,43 @@ func waitEvent(ctx context.Context, t *testing.T, env *flow.Env, vmi *kubevirtv1
 	if err != nil {
 		t.Fatalf("no %s event on VMI %s mentioning %s: %v; events: %q", reason, vmi.Name, substr, err, seen)
 	}
+}
+
+// checkNotMigratableWarning: a VM whose vfnet network uses a named
+// ResourceClaim starts migrating from node-a; node-a's driver records
+// VFNetNotMigratable on the VMI (with the driver's own RBAC).
+func checkNotMigratableWarning(ctx context.Context, t *testing.T, env *flow.Env) {
+	t.Helper()
+	claim := "shared-vf"
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance"},
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-named-claim", Namespace: "default"},
+		Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+				Name: "net1", Binding: &kubevirtv1.PluginBinding{Name: "vfnet"}, MacAddress: "02:00:00:00:07:03",
+			}}}},
+			Networks: []kubevirtv1.Network{{Name: "net1", NetworkSource: kubevirtv1.NetworkSource{
+				ResourceClaim: &kubevirtv1.ClaimRequest{ClaimName: "vf", RequestName: "vf"},
+			}}},
+			ResourceClaims: []kubevirtv1.VirtualMachineInstanceResourceClaim{{Name: "vf", ResourceClaimName: &claim}},
+		},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := env.Dynamic.Resource(flow.VMIResource).Namespace("default").Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, vmi); err != nil {
+		t.Fatal(err)
+	}
+	vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Running, "node-a"
+	vmi.Status.MigrationState = &kubevirtv1.VirtualMachineInstanceMigrationState{
+		MigrationUID: "mig-named", StartTimestamp: now(), SourceNode: "node-a", SourcePod: "virt-launcher-vm-named-claim-x",
+		TargetNode: "node-b", TargetPod: "virt-launcher-vm-named-claim-y",
+	}
+	vmi = updateVMIStatus(ctx, t, env, vmi)
+	waitEvent(ctx, t, env, vmi, watch.ReasonNotMigratable, "net1")
 }
