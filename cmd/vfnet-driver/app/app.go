@@ -335,7 +335,12 @@ func run(ctx context.Context, f driverFlags) error {
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 	})
 	published.Store(loop)
+	// The first publish waits for the ResourceSlice informer to sync; a
+	// SIGTERM meanwhile is a normal stop, not a failure.
 	if _, err := loop.Scan(ctx); err != nil {
+		if ctx.Err() != nil {
+			return shutdownCause(ctx)
+		}
 		return err
 	}
 	st := &status{}
@@ -372,10 +377,16 @@ func run(ctx context.Context, f driverFlags) error {
 	}
 	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
 	<-ctx.Done()
+	return shutdownCause(ctx)
+}
+
+// shutdownCause is nil for a signal (the parent context was canceled) and the
+// fatal error that canceled ctx otherwise.
+func shutdownCause(ctx context.Context) error {
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
-	logger.Info("Shutting down")
+	klog.FromContext(ctx).Info("Shutting down")
 	return nil
 }
 

@@ -240,3 +240,95 @@ func TestDriverOnAPIServer(t *testing.T) {
 		t.Fatal("driver did not stop within 30s of SIGTERM")
 	}
 }
+
+// TestSIGTERMWhileStarting: an API server that never answers keeps the first
+// publish waiting; SIGTERM then is still a clean stop (exit 0), as a
+// DaemonSet update may come at any time.
+func TestSIGTERMWhileStarting(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // accept and never answer
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://`+ln.Addr().String()+`"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "vfnet-driver")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/vfnet-driver").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	root := buildHost(t, simhost.E810Host())
+	sock, err := os.MkdirTemp("", "vf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sock)
+	if err := os.Mkdir(filepath.Join(sock, "reg"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	cmd := exec.Command(bin, "--simulate", "--kubeconfig", kubeconfig, "--node-name", "n", "--sysfs-root", root,
+		"--registrar-dir", filepath.Join(sock, "reg"), "--plugin-dir", filepath.Join(sock, "plg"), "--cdi-root", filepath.Join(sock, "cdi"))
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Serving gRPC (registration socket present) while the publish waits.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m, _ := filepath.Glob(filepath.Join(sock, "reg", "*.sock")); len(m) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("no registration socket; log:\n%s", logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if strings.Contains(logs.String(), "vfnet-driver running") {
+		t.Fatalf("the first publish did not wait for the API server:\n%s", logs.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM while starting: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("no exit within 30s of SIGTERM:\n%s", logs.String())
+	}
+}
