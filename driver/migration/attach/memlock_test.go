@@ -140,3 +140,25 @@ func TestParsePCIAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestPrlimitOnSelf checks the prlimit(2) wiring on this process: reading
+// and re-setting its own RLIMIT_MEMLOCK needs no privilege.
+func TestPrlimitOnSelf(t *testing.T) {
+	t.Parallel()
+	pid := os.Getpid()
+	var p attach.Prlimit
+	before, err := p.Get(pid, unix.RLIMIT_MEMLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &want); err != nil {
+		t.Fatal(err)
+	}
+	if before != want {
+		t.Fatalf("Prlimit.Get = %+v, getrlimit = %+v", before, want)
+	}
+	if err := p.Set(pid, unix.RLIMIT_MEMLOCK, before); err != nil {
+		t.Fatal(err)
+	}
+}
