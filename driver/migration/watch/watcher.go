@@ -128,6 +128,16 @@ func (w *Watcher) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, logger)
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(w.cfg.Dynamic, w.cfg.Resync)
 	inf := factory.ForResource(VMIResource).Informer()
+	// Every node caches every VMI: drop what the watcher never reads.
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if m, ok := obj.(metav1.Object); ok {
+			m.SetManagedFields(nil)
+			m.SetAnnotations(nil)
+		}
+		return obj, nil
+	}); err != nil {
+		return fmt.Errorf("watch VirtualMachineInstances: %w", err)
+	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.enqueue,
 		UpdateFunc: func(_, obj any) { w.enqueue(obj) },
