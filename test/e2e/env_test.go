@@ -22,7 +22,7 @@ func newEnv(t *testing.T) (context.Context, *flow.Env) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	plane := controlplane.StartForTest(t, controlplane.Options{})
-	dir, err := os.MkdirTemp("", "vf")
+	dir, err := flow.WorkDir()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
 
@@ -16,6 +19,8 @@ import (
 // Ctrl-C. The error names the failing step.
 func Demo(ctx context.Context, out io.Writer) (retErr error) {
 	begin := time.Now()
+	// People read the progress lines; component logs stay in their files.
+	ctx = klog.NewContext(ctx, logr.Discard())
 	fmt.Fprintln(out, "vfnet demo: a real Kubernetes v1.37 control plane (etcd, kube-apiserver, kube-scheduler,")
 	fmt.Fprintln(out, "kube-controller-manager) on 127.0.0.1, a simulated SR-IOV node running the real vfnet-driver,")
 	fmt.Fprintln(out, "a kubelet stand-in, KubeVirt-shaped VMs and the real vfnet-binding hook sidecar.")
@@ -31,7 +36,7 @@ func Demo(ctx context.Context, out io.Writer) (retErr error) {
 		}
 	}()
 	fmt.Fprintf(out, "    ok: ready in %v at %s\n", plane.StartDuration.Round(time.Millisecond), plane.URL)
-	dir, err := os.MkdirTemp("", "vf")
+	dir, err := WorkDir()
 	if err != nil {
 		return err
 	}
