@@ -79,8 +79,14 @@ func TestLiveMigration(t *testing.T) {
 	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
 	checkNotMigratableWarning(ctx, t, env)
 	for name, n := range nodes {
-		if strings.Contains(n.DriverLog(1<<20), "panic") {
-			t.Errorf("driver on %s logged a panic:\n%s", name, n.DriverLog(4000))
+		log := n.DriverLog(1 << 22)
+		for _, bad := range []string{"panic", "Giving up attaching", "Live-migration re-attach stopped"} {
+			if strings.Contains(log, bad) {
+				t.Errorf("driver on %s logged %q:\n%s", name, bad, n.DriverLog(6000))
+			}
+		}
+		if os.Getenv("VFNET_E2E_DRIVER_LOGS") != "" {
+			t.Logf("--- driver log %s ---\n%s", name, log)
 		}
 	}
 }
