@@ -89,7 +89,13 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		l.haveCfg = true
 	}
 
-	pfs, err := l.opts.Discoverer.Discover(ctx)
+	dctx := ctx
+	if l.didPub {
+		// sysfs logs every unusable function on every pass; after the first
+		// one that is noise every rescan interval (-v=2 shows it).
+		dctx = klog.NewContext(ctx, logger.V(2))
+	}
+	pfs, err := l.opts.Discoverer.Discover(dctx)
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}

@@ -351,7 +351,8 @@ func run(ctx context.Context, f driverFlags) error {
 	wg.Go(func() { loop.Run(ctx, f.rescan) })
 	wg.Go(func() {
 		monitor.Run(ctx, f.healthInterval, func(ctx context.Context) ([]sysfs.PF, error) {
-			pfs, err := h.sysfs.Discover(ctx)
+			// Quiet: the rescan loop already reported unusable functions.
+			pfs, err := h.sysfs.Discover(klog.NewContext(ctx, klog.FromContext(ctx).V(4)))
 			if err == nil {
 				st.scanned(time.Now())
 			}
