@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/vfnet-io/vfnet/test/controlplane"
+)
+
+// TestDockerfile checks what can be checked without a Docker engine: the
+// targets exist, the binding image is non-root (107:107) on scratch, and the
+// Dockerfile's own go build command produces static binaries for both
+// commands (no ELF interpreter, no shared libraries), which is what lets the
+// images have no libc.
+func TestDockerfile(t *testing.T) {
+	t.Parallel()
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(repo, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(data)
+	stages := map[string]string{} // target -> its lines
+	var cur string
+	for _, line := range strings.Split(df, "\n") {
+		if m := regexp.MustCompile(`^FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?`).FindStringSubmatch(line); m != nil {
+			cur = m[2]
+			stages[cur] = line + "\n"
+			continue
+		}
+		stages[cur] += line + "\n"
+	}
+	for _, target := range []string{"driver", "binding"} {
+		if _, ok := stages[target]; !ok {
+			t.Fatalf("Dockerfile has no target %q", target)
+		}
+	}
+	if !strings.HasPrefix(stages["binding"], "FROM scratch") || !strings.Contains(stages["binding"], "USER 107:107") {
+		t.Errorf("binding stage must run as 107:107 on scratch:\n%s", stages["binding"])
+	}
+	if !strings.Contains(stages["build"], "CGO_ENABLED=0") {
+		t.Errorf("build stage does not disable cgo")
+	}
+	// Run the stage's go build lines as written.
+	builds := regexp.MustCompile(`go build ([^&\n]+?)(?: &&|\n)`).FindAllStringSubmatch(stages["build"], -1)
+	if len(builds) != 2 {
+		t.Fatalf("want 2 go build commands in the build stage, found %d", len(builds))
+	}
+	out := t.TempDir()
+	for _, b := range builds {
+		// As the Dockerfile's RUN does: through a shell, output redirected.
+		cmd := exec.Command("bash", "-c", "go build "+strings.ReplaceAll(b[1], "/out/", out+"/"))
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+		if o, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b[1], err, o)
+		}
+	}
+	for _, bin := range []string{"vfnet-driver", "vfnet-binding"} {
+		f, err := elf.Open(filepath.Join(out, bin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				t.Errorf("%s has an ELF interpreter: not static", bin)
+			}
+		}
+		if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+			t.Errorf("%s needs shared libraries %v", bin, libs)
+		}
+		f.Close()
+	}
+}
