@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -43,6 +46,9 @@ type Node struct {
 	// node, made from the applied DaemonSet's template. The driver's token
 	// is bound to it.
 	DriverPod *corev1.Pod
+
+	// healthAddr is where this node's driver serves its probes.
+	healthAddr string
 
 	cancelKubelet context.CancelFunc
 	kubeletDone   chan struct{}
@@ -159,22 +165,64 @@ func (n *Node) DriverToken(ctx context.Context) (string, error) {
 	return controlplane.PodBoundToken(ctx, n.env.Client, n.DriverPod, time.Hour)
 }
 
-// DriverArgs is the vfnet-driver command line for this node.
+// DriverArgs is the vfnet-driver command line for this node: the driver
+// container's args from the applied DaemonSet, with $(NODE_NAME) and
+// $(POD_UID) expanded as the kubelet does, followed by overrides that point
+// the host paths at the simulation (the flag package keeps the last value).
 func (n *Node) DriverArgs(kubeconfig string) []string {
-	return []string{
-		"--simulate",
-		"--kubeconfig=" + kubeconfig,
-		"--node-name=" + n.Name,
-		"--pod-uid=" + string(n.DriverPod.UID),
-		"--sysfs-root=" + n.Host.Root(),
-		"--dev-root=" + n.Host.DevRoot(),
-		"--node-config=" + n.NodeConfig,
-		"--registrar-dir=" + n.RegistrarDir,
-		"--plugin-dir=" + n.PluginDir,
-		"--cdi-dir=" + n.CDIDir,
-		"--kubelet-pods-dir=" + n.PodsDir,
-		"-v=4",
+	var args []string
+	for _, c := range n.DriverPod.Spec.Containers {
+		if c.Name != "driver" {
+			continue
+		}
+		for _, a := range c.Args {
+			a = strings.ReplaceAll(a, "$(NODE_NAME)", n.Name)
+			a = strings.ReplaceAll(a, "$(POD_UID)", string(n.DriverPod.UID))
+			args = append(args, a)
+		}
 	}
+	return append(args,
+		"--simulate",
+		"--kubeconfig="+kubeconfig,
+		"--sysfs-root="+n.Host.Root(),
+		"--dev-root="+n.Host.DevRoot(),
+		"--node-config="+n.NodeConfig,
+		"--registrar-dir="+n.RegistrarDir,
+		"--plugin-dir="+n.PluginDir,
+		"--cdi-dir="+n.CDIDir,
+		"--kubelet-pods-dir="+n.PodsDir,
+		"--health-addr="+n.healthAddr,
+		"-v=4",
+	)
+}
+
+// checkProbes asks the driver's health server the DaemonSet's liveness and
+// readiness probe paths, as the kubelet would.
+func (n *Node) checkProbes(ctx context.Context) error {
+	for _, c := range n.DriverPod.Spec.Containers {
+		for what, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+			if p == nil || p.HTTPGet == nil {
+				continue
+			}
+			url := "http://" + n.healthAddr + p.HTTPGet.Path
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				if err != nil {
+					return false, err
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return false, nil
+				}
+				resp.Body.Close()
+				return resp.StatusCode == http.StatusOK, nil
+			})
+			if err != nil {
+				return fmt.Errorf("node %s: DaemonSet %s probe GET %s did not answer 200: %w", n.Name, what, url, err)
+			}
+		}
+	}
+	return nil
 }
 
 // StartDriver starts vfnet-driver with a kubeconfig for the driver pod's
@@ -191,6 +239,13 @@ func (n *Node) StartDriver(ctx context.Context) error {
 	kubeconfig := filepath.Join(n.Dir, "driver.kubeconfig")
 	if err := n.env.Plane.WriteKubeconfig(kubeconfig, token); err != nil {
 		return err
+	}
+	if n.healthAddr == "" {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		n.healthAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	}
 	n.mu.Lock()
 	if n.driver != nil {
@@ -235,7 +290,7 @@ func (n *Node) StartDriver(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w\n--- vfnet-driver log ---\n%s", err, n.DriverLog(4000))
 		}
-		return nil
+		return n.checkProbes(ctx)
 	case <-done:
 		return fmt.Errorf("node %s: vfnet-driver exited during start: %v\n--- vfnet-driver log ---\n%s", n.Name, n.drvErr, n.DriverLog(4000))
 	}
@@ -319,4 +374,13 @@ func (n *Node) Close() error {
 // /var/run/kubernetes.io/dra-device-attributes in a container of pod uid.
 func (n *Node) ContainerMetadataRoot(uid types.UID, container string) string {
 	return filepath.Join(n.Kubelet.ContainerRoot(uid, container), strings.TrimPrefix(metadata.DefaultRoot, "/"))
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
