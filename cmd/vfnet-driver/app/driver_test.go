@@ -228,6 +228,19 @@ func TestDriverOnAPIServer(t *testing.T) {
 		t.Errorf("idle anonymous RSS %.1f MiB, goal < 40 MiB", float64(st["RssAnon"])/1024)
 	}
 
+	// A configuration that selects nothing publishes an empty pool, which
+	// the API server accepts, and says why in one log line.
+	if err := os.WriteFile(cfg, []byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: eth42\n  network: physnet-a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("an empty pool", func() bool {
+		s, d, _ := poolState(ctx, t, client, node)
+		return s == 1 && d == 0
+	})
+	if n := strings.Count(logs.String(), "selects none of the 4 SR-IOV PFs"); n != 1 {
+		t.Errorf("%d log lines explain the empty pool, want 1", n)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
