@@ -1,5 +1,23 @@
 // Package slices builds the ResourceSlices vfnet-driver publishes and runs
 // the rescan loop that republishes them when the offered VFs change.
+//
+// Decisions:
+//   - One pool named after the node; devices in discovery order (PF PCI
+//     address, then VF index), cut into slices of at most 128. Slice order
+//     is allocation preference.
+//   - Every rescan (--rescan-interval) re-reads sysfs and the node
+//     configuration file, so a ConfigMap edit or a VF count change is
+//     published within one interval. Only a change of a published field
+//     (device set, any attribute) republishes; a VF moving to vfio-pci for a
+//     claim does not.
+//   - At start-up an invalid or ambiguous configuration is fatal. Later, an
+//     invalid file is logged once and the last valid configuration stays in
+//     effect, and a configuration that matches a PF twice keeps the
+//     published slices: a typo in a ConfigMap must not take VFs away from
+//     running VMs.
+//   - Nothing to offer (no configuration, nothing selected) publishes one
+//     empty slice, which tells the scheduler the driver runs and has no
+//     devices, and logs one line saying why.
 package slices
 
 import (
