@@ -187,8 +187,12 @@ func (k *Kubelet) Run(ctx context.Context) error {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.opts.NodeName).String()
 		}))
 	podInformer := factory.Core().V1().Pods().Informer()
-	queue := make(chan types.UID, 1000)
-	latest := sync.Map{} // UID -> *corev1.Pod (nil value: deleted)
+	// Events only mark a pod dirty; the sync loop below takes the newest
+	// object, so no event is ever dropped and bursts coalesce.
+	var pendingMu sync.Mutex
+	dirty := map[types.UID]bool{}
+	wake := make(chan struct{}, 1)
+	latest := sync.Map{} // UID -> *corev1.Pod (a deleted pod carries a DeletionTimestamp)
 	enqueue := func(obj any, deleted bool) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -206,10 +210,12 @@ func (k *Kubelet) Run(ctx context.Context) error {
 			}
 		}
 		latest.Store(pod.UID, pod)
+		pendingMu.Lock()
+		dirty[pod.UID] = true
+		pendingMu.Unlock()
 		select {
-		case queue <- pod.UID:
+		case wake <- struct{}{}:
 		default:
-			logger.Info("Pod queue full, dropping event", "pod", klog.KObj(pod))
 		}
 	}
 	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -245,10 +251,15 @@ func (k *Kubelet) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case uid := <-queue:
-			pending[uid] = true
+		case <-wake:
 		case <-retry.C:
 		}
+		pendingMu.Lock()
+		for uid := range dirty {
+			pending[uid] = true
+		}
+		clear(dirty)
+		pendingMu.Unlock()
 		for uid := range pending {
 			v, ok := latest.Load(uid)
 			if !ok {
