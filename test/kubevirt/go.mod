@@ -3,11 +3,14 @@ module github.com/vfnet-io/vfnet/test/kubevirt
 go 1.26.8
 
 require (
+	go.uber.org/mock v0.5.1
 	google.golang.org/grpc v1.79.3
 	k8s.io/api v0.34.3
 	k8s.io/apiextensions-apiserver v0.34.3
 	k8s.io/apimachinery v0.34.3
+	k8s.io/client-go v12.0.0+incompatible
 	kubevirt.io/api v1.9.0
+	kubevirt.io/client-go v0.0.0-00010101000000-000000000000
 	kubevirt.io/kubevirt v1.9.0
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -91,7 +94,6 @@ require (
 	github.com/vishvananda/netns v0.0.5 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.mongodb.org/mongo-driver v1.14.0 // indirect
-	go.uber.org/mock v0.5.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/exp v0.0.0-20240719175910-8a7402abbf56 // indirect
@@ -106,12 +108,11 @@ require (
 	google.golang.org/protobuf v1.36.11 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/client-go v12.0.0+incompatible // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-aggregator v0.28.2 // indirect
 	k8s.io/kube-openapi v0.31.0 // indirect
+	k8s.io/kubectl v0.0.0-00010101000000-000000000000 // indirect
 	k8s.io/utils v0.0.0-20260319190234-28399d86e0b5 // indirect
-	kubevirt.io/client-go v0.0.0-00010101000000-000000000000 // indirect
 	kubevirt.io/containerized-data-importer-api v1.64.0 // indirect
 	kubevirt.io/controller-lifecycle-operator-sdk/api v0.2.4 // indirect
 	kubevirt.io/virt-template-api v0.2.0 // indirect
@@ -139,6 +140,7 @@ replace (
 	k8s.io/apimachinery => k8s.io/apimachinery v0.34.2
 	k8s.io/client-go => k8s.io/client-go v0.34.2
 	k8s.io/kube-openapi => k8s.io/kube-openapi v0.0.0-20250710124328-f3f2b991d03b
+	k8s.io/kubectl => k8s.io/kubectl v0.34.2 // virt-controller services (launcher pod rendering)
 	kubevirt.io/client-go => kubevirt.io/client-go v1.9.0
 
 	// The module proxy does not serve these; pkg/controller (imported by the

@@ -1,0 +1,72 @@
+// Command genlauncherpod prints, as JSON, the virt-launcher pod KubeVirt
+// v1.9.0's virt-controller code renders for a VMI (or the VMI of a VM) under
+// the configuration of a KubeVirt CR (e.g. manifests/kubevirt/binding-patch.yaml),
+// for harnesses that need a launcher pod shaped exactly like KubeVirt's:
+//
+//	cd test/kubevirt && go run ./cmd/genlauncherpod -kubevirt CR.yaml -vm VM.yaml [-uid UID] [-gates NetworkDevicesWithDRA,...]
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/launcherpod"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/manifestcheck"
+)
+
+func main() {
+	kvFile := flag.String("kubevirt", "", "YAML file with the KubeVirt CR (required)")
+	vmFile := flag.String("vm", "", "YAML file with one VirtualMachine or VirtualMachineInstance (required)")
+	uid := flag.String("uid", "0b5e6a3c-0000-4000-8000-000000000001", "UID of the VMI (the pod's owner reference)")
+	gates := flag.String("gates", strings.Join(manifestcheck.RequiredGates, ","), "feature gates to enable on top of the CR's")
+	flag.Parse()
+	if err := run(*kvFile, *vmFile, *uid, *gates); err != nil {
+		fmt.Fprintln(os.Stderr, "genlauncherpod:", err)
+		os.Exit(1)
+	}
+}
+
+func run(kvFile, vmFile, uid, gates string) error {
+	if kvFile == "" || vmFile == "" {
+		return fmt.Errorf("-kubevirt and -vm are required")
+	}
+	objs, err := manifestcheck.DecodeFiles(kvFile, vmFile)
+	if err != nil {
+		return err
+	}
+	if len(objs.KubeVirts) != 1 {
+		return fmt.Errorf("want one KubeVirt object, found %d", len(objs.KubeVirts))
+	}
+	var extra []string
+	if gates != "" {
+		extra = strings.Split(gates, ",")
+	}
+	cfg, _ := manifestcheck.ClusterConfig(objs.KubeVirts[0].Obj, extra...)
+	switch {
+	case len(objs.VMs) == 1 && len(objs.VMIs) == 0:
+		vmi := launcherpod.VMIFromVM(objs.VMs[0].Obj, uid)
+		return emit(launcherpod.Render(vmi, cfg))
+	case len(objs.VMIs) == 1 && len(objs.VMs) == 0:
+		vmi := objs.VMIs[0].Obj
+		if vmi.UID == "" {
+			vmi.UID = types.UID(uid)
+		}
+		return emit(launcherpod.Render(vmi, cfg))
+	default:
+		return fmt.Errorf("want exactly one VirtualMachine or VirtualMachineInstance, found %d and %d", len(objs.VMs), len(objs.VMIs))
+	}
+}
+
+func emit(pod any, err error) error {
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(pod)
+}
