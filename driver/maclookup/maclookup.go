@@ -57,11 +57,20 @@ type Lookup struct {
 	BindingName string
 }
 
-// Result says where a MAC came from, for logs and errors.
+// Result says which VMI interface a claim's request backs and the MAC it
+// asks for.
 type Result struct {
+	// MAC is the interface's macAddress; nil when the interface sets none.
 	MAC       net.HardwareAddr
 	VMI       string // namespace/name
 	Interface string
+	// Ref points at the VMI (kind, name, UID), for Events about it.
+	Ref *corev1.ObjectReference
+	// FromTemplate: the claim is made per launcher pod from a
+	// ResourceClaimTemplate (pod-claim-name annotation, or the VMI's
+	// resourceClaims entry names a template), so a migration target gets
+	// a claim and VF of its own.
+	FromTemplate bool
 }
 
 // MACFor returns the macAddress of the VMI interface backed by claim's
@@ -70,12 +79,26 @@ type Result struct {
 // the interface sets no MAC: the VF then keeps its MAC. API errors are
 // returned so the kubelet retries.
 func (l Lookup) MACFor(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (Result, bool, error) {
+	r, found, err := l.Find(ctx, claim, request)
+	if err != nil || !found || r.MAC == nil {
+		return Result{}, false, err
+	}
+	return r, true, nil
+}
+
+// Find returns the VMI interface backed by claim's request, with its MAC if
+// it sets one. With several consuming launchers (a shared named claim) an
+// interface with a MAC wins. found is false when no consuming pod is a VMI
+// launcher whose VMI uses the claim through the binding. It reads only with
+// get: claim.status.reservedFor -> pod -> owning VMI.
+func (l Lookup) Find(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (Result, bool, error) {
 	logger := klog.FromContext(ctx)
 	base, _, _ := strings.Cut(request, "/")
 	binding := l.BindingName
 	if binding == "" {
 		binding = kubevirtvmi.DefaultBindingName
 	}
+	var noMAC *Result
 	for _, ref := range claim.Status.ReservedFor {
 		if ref.APIGroup != "" || ref.Resource != "pods" {
 			continue
@@ -116,14 +139,31 @@ func (l Lookup) MACFor(ctx context.Context, claim *resourceapi.ResourceClaim, re
 		if err != nil {
 			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s: %w", vmi.Namespace, vmi.Name, err)
 		}
-		if !found || ci.Interface.MacAddress == "" {
+		if !found {
 			continue
 		}
-		mac, err := v1alpha1.ParseMAC(ci.Interface.MacAddress)
-		if err != nil {
+		_, annotated := claim.Annotations[resourceapi.PodResourceClaimAnnotation]
+		r := Result{
+			VMI: vmi.Namespace + "/" + vmi.Name, Interface: ci.Interface.Name,
+			Ref: &corev1.ObjectReference{
+				APIVersion: owner.APIVersion, Kind: owner.Kind,
+				Namespace: vmi.Namespace, Name: vmi.Name, UID: vmi.UID,
+			},
+			FromTemplate: annotated || ci.FromTemplate(),
+		}
+		if ci.Interface.MacAddress == "" {
+			if noMAC == nil {
+				noMAC = &r
+			}
+			continue
+		}
+		if r.MAC, err = v1alpha1.ParseMAC(ci.Interface.MacAddress); err != nil {
 			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s interface %q: %w", vmi.Namespace, vmi.Name, ci.Interface.Name, err)
 		}
-		return Result{MAC: mac, VMI: vmi.Namespace + "/" + vmi.Name, Interface: ci.Interface.Name}, true, nil
+		return r, true, nil
+	}
+	if noMAC != nil {
+		return *noMAC, true, nil
 	}
 	return Result{}, false, nil
 }

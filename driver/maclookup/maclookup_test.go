@@ -145,3 +145,28 @@ func TestBadVMIMAC(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestFindInterfaceWithoutMAC(t *testing.T) {
+	t.Parallel()
+	v := vmi("ns", "vm1", "vmi-uid", kubevirtv1.VirtualMachineInstanceResourceClaim{Name: "vf-claim", ResourceClaimTemplateName: ptr("t")}, "")
+	p := pod("ns", "launcher", "pod-uid", "vm1", "vmi-uid", corev1.PodResourceClaim{Name: "vf-claim", ResourceClaimTemplateName: ptr("t")})
+	c := claim("ns", "c", map[string]string{resourceapi.PodResourceClaimAnnotation: "vf-claim"}, "launcher", "pod-uid")
+	r, found, err := newLookup(t, []runtime.Object{p}, v).Find(context.Background(), c, "vf")
+	if err != nil || !found || r.MAC != nil || r.Interface != "dra-net" || !r.FromTemplate {
+		t.Fatalf("Find = %+v %v %v; want dra-net without MAC from a template", r, found, err)
+	}
+	if r.Ref == nil || r.Ref.Kind != "VirtualMachineInstance" || r.Ref.APIVersion != "kubevirt.io/v1" || r.Ref.UID != "vmi-uid" || r.Ref.Name != "vm1" || r.Ref.Namespace != "ns" {
+		t.Fatalf("Ref = %+v", r.Ref)
+	}
+	// The other interface on the same claim has a MAC.
+	if r, found, err := newLookup(t, []runtime.Object{p}, v).Find(context.Background(), c, "second"); err != nil || !found || r.MAC.String() != "02:00:00:00:00:99" {
+		t.Fatalf("second: %+v %v %v", r, found, err)
+	}
+
+	d := vmi("ns", "vm1", "vmi-uid", kubevirtv1.VirtualMachineInstanceResourceClaim{Name: "net", ResourceClaimName: ptr("shared-vf")}, "")
+	dp := pod("ns", "launcher", "pod-uid", "vm1", "vmi-uid", corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr("shared-vf")})
+	r, found, err = newLookup(t, []runtime.Object{dp}, d).Find(context.Background(), claim("ns", "shared-vf", nil, "launcher", "pod-uid"), "vf")
+	if err != nil || !found || r.MAC != nil || r.FromTemplate {
+		t.Fatalf("named claim: %+v %v %v; want found, no MAC, not from a template", r, found, err)
+	}
+}

@@ -23,9 +23,11 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -40,11 +42,22 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
-// MACFinder finds the MAC the VM expects for a claim's request
-// (maclookup.Lookup in production).
+// MACFinder finds the VMI interface a claim's request backs and the MAC it
+// expects (maclookup.Lookup in production). found is false when no VMI
+// uses the claim; Result.MAC is nil when the interface sets no macAddress.
 type MACFinder interface {
-	MACFor(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (maclookup.Result, bool, error)
+	Find(ctx context.Context, claim *resourceapi.ResourceClaim, request string) (maclookup.Result, bool, error)
 }
+
+// ReasonMACNotMigratable is the reason of the Warning Event recorded on a
+// VMI whose template-claim vfnet interface has neither macAddress nor
+// VFConfig.mac: the VF keeps its own MAC, so after a live migration the
+// guest would see the target VF's different MAC.
+const ReasonMACNotMigratable = "VFNetMACNotMigratable"
+
+// maxWarned bounds the in-memory deduplication of MAC warnings; past it the
+// set starts over (a repeated Event is harmless, the recorder aggregates).
+const maxWarned = 4096
 
 // Options are the dependencies of a State.
 type Options struct {
@@ -66,6 +79,9 @@ type Options struct {
 	// MACs finds VM interface MACs; nil keeps the VF's MAC unless the
 	// config sets one.
 	MACs MACFinder
+	// Events records Warning Events on VMIs (ReasonMACNotMigratable); nil
+	// records none. RBAC: events create/patch.
+	Events record.EventRecorder
 	// Published returns the devices currently published, so metadata
 	// carries the same attributes as the ResourceSlice (nil: attributes are
 	// derived from sysfs without the network name).
@@ -91,6 +107,9 @@ type State struct {
 	// busy holds claims being worked on, so concurrent calls for one claim
 	// cannot interleave.
 	busy map[types.UID]bool
+	// warned holds "<VMI UID>/<interface>" MAC warnings already recorded;
+	// guarded by mu.
+	warned map[string]bool
 }
 
 // New loads the checkpoint. A corrupt checkpoint is an error: the driver
@@ -122,8 +141,9 @@ func New(opts Options) (*State, error) {
 		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot},
 		binder: pcibind.Binder{Sysfs: opts.Sysfs, Writer: opts.Writer, DevRoot: opts.DevRoot, NodeName: opts.NodeName,
 			Hook: opts.Hook},
-		cp:   cp,
-		busy: map[types.UID]bool{},
+		cp:     cp,
+		busy:   map[types.UID]bool{},
+		warned: map[string]bool{},
 	}
 	return s, nil
 }
@@ -297,18 +317,49 @@ func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim,
 		if cfg.MAC != nil {
 			p.mac, _ = v1alpha1.ParseMAC(*cfg.MAC) // validated by ForRequest
 		} else if s.opts.MACs != nil {
-			res, found, err := s.opts.MACs.MACFor(ctx, claim, r.Request)
+			res, found, err := s.opts.MACs.Find(ctx, claim, r.Request)
 			if err != nil {
 				return nil, fmt.Errorf("device %s: find the VM interface MAC: %w", r.Device, err)
 			}
-			if found {
+			switch {
+			case found && res.MAC != nil:
 				p.mac = res.MAC
 				klog.FromContext(ctx).V(4).Info("Using VM interface MAC", "device", r.Device, "vmi", res.VMI, "interface", res.Interface, "mac", res.MAC)
+			case found && res.FromTemplate:
+				// Only a template claim can follow a live migration; a
+				// named claim gets VFNetNotMigratable from the watcher.
+				s.warnMACNotMigratable(ctx, claim, r, res)
 			}
 		}
 		plans = append(plans, p)
 	}
 	return plans, nil
+}
+
+// warnMACNotMigratable records, once per VMI and interface in this
+// process, that the interface keeps no fixed MAC across a live migration.
+// Prepare goes on: the VM works, only its migration would change the MAC.
+func (s *State) warnMACNotMigratable(ctx context.Context, claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult, res maclookup.Result) {
+	klog.FromContext(ctx).Info("vfnet interface has no fixed MAC and is not safely migratable", "vmi", res.VMI, "interface", res.Interface, "device", r.Device)
+	if s.opts.Events == nil || res.Ref == nil {
+		return
+	}
+	key := string(res.Ref.UID) + "/" + res.Interface
+	s.mu.Lock()
+	dup := s.warned[key]
+	if !dup {
+		if len(s.warned) >= maxWarned {
+			clear(s.warned)
+		}
+		s.warned[key] = true
+	}
+	s.mu.Unlock()
+	if dup {
+		return
+	}
+	s.opts.Events.Eventf(res.Ref, corev1.EventTypeWarning, ReasonMACNotMigratable,
+		"vfnet interface %q is not safely migratable: neither its macAddress nor VFConfig.mac in ResourceClaim %s/%s (request %q) is set, so VF %s keeps its own MAC and after a live migration the guest would see a different MAC; set spec.domain.devices.interfaces[].macAddress or VFConfig.mac so the VM keeps its MAC across live migration",
+		res.Interface, claim.Namespace, claim.Name, r.Request, r.Device)
 }
 
 // vfRef locates one VF on the host.
