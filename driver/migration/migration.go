@@ -38,6 +38,19 @@ type Options struct {
 	Timeout time.Duration
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// Recorder records Events on VMIs; nil: Run makes its own
+	// (NewRecorder).
+	Recorder record.EventRecorder
+}
+
+// NewRecorder returns an EventRecorder that writes core/v1 Events as
+// "vfnet-driver" on node (RBAC: events create, patch), and the function that
+// flushes and stops it. The driver shares one between prepare (the MAC
+// warning) and the migration watcher.
+func NewRecorder(ctx context.Context, kube kubernetes.Interface, node string) (record.EventRecorder, func()) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vfnet-driver", Host: node}), broadcaster.Shutdown
 }
 
 // Run watches VMIs and attaches VFs after migrations until ctx ends.
@@ -53,10 +66,12 @@ func Run(ctx context.Context, o Options) error {
 	if o.Simulate {
 		ml = attach.NoMemlock{}
 	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vfnet-driver", Host: o.NodeName})
+	recorder := o.Recorder
+	if recorder == nil {
+		var stop func()
+		recorder, stop = NewRecorder(ctx, o.Kube, o.NodeName)
+		defer stop()
+	}
 	w, err := watch.New(watch.Config{
 		NodeName:    o.NodeName,
 		BindingName: o.BindingName,

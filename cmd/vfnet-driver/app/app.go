@@ -304,10 +304,14 @@ func run(ctx context.Context, f driverFlags) error {
 	// The plugin serves prepare calls before the loop exists; they read it
 	// through this pointer (nil: attributes come from sysfs).
 	var published atomic.Pointer[slices.Loop]
+	// One Event recorder for prepare (VFNetMACNotMigratable) and migration.
+	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
+	defer stopEvents()
 	state, err := prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
-		MACs: maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
+		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
+		Events: events,
 		Published: func() []discovery.Device {
 			if l := published.Load(); l != nil {
 				return l.Published()
@@ -362,7 +366,7 @@ func run(ctx context.Context, f driverFlags) error {
 	wg.Go(func() {
 		err := migration.Run(ctx, migration.Options{
 			NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-			BindingName: f.bindingName, Kube: kube, Dynamic: dyn,
+			BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
 		})
 		if err != nil && ctx.Err() == nil {
 			// Prepare and publishing do not depend on it: keep serving.

@@ -15,7 +15,6 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/watch"
 )
 
 const ns = "default"
@@ -65,7 +64,7 @@ func newVMI(name string, uid types.UID, node string, opts ...ifaceOpt) *kubevirt
 func launcherPod(name string, uid types.UID, vmi *kubevirtv1.VirtualMachineInstance, node string, claims map[string]string) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uid,
-			Labels: map[string]string{watch.LauncherPodLabel: string(vmi.UID), "kubevirt.io": "virt-launcher"}},
+			Labels: map[string]string{"kubevirt.io/created-by": string(vmi.UID), "kubevirt.io": "virt-launcher"}},
 		Spec:   corev1.PodSpec{NodeName: node},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
 	}

@@ -28,8 +28,9 @@ type Action struct {
 	Side Side
 	// MigrationKey identifies the migration (migrationUid, else its start).
 	MigrationKey string
-	// PodName is the launcher pod by name; empty means "the VMI's active
-	// launcher pod on this node" (source side without sourcePod).
+	// PodName is the launcher pod by name. It is empty only on the source
+	// side when status.migrationState names no sourcePod: the watcher then
+	// cannot find the launcher (pods are read by name) and reports that.
 	PodName string
 	// Domain is the libvirt domain name in that launcher.
 	Domain string

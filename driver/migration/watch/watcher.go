@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,7 +27,6 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/vfconfig"
 	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 )
 
@@ -44,14 +42,11 @@ const (
 	// ReasonNotMigratable (Warning): a migration started for a VMI with a
 	// resourceClaimName-backed vfnet interface.
 	ReasonNotMigratable = "VFNetNotMigratable"
-	// ReasonMACNotMigratable (Warning): a vfnet interface has neither
-	// macAddress nor VFConfig.mac, so the guest would see a new MAC after
-	// migrating.
-	ReasonMACNotMigratable = "VFNetMACNotMigratable"
 )
 
-// LauncherPodLabel carries the VMI UID on every virt-launcher pod.
-const LauncherPodLabel = "kubevirt.io/created-by"
+// The MAC warning (VFNetMACNotMigratable) is recorded by prepare, which
+// already reads the VMI interface behind each claim with get only; the
+// watcher reads pods by name only (RBAC: pods get).
 
 // Attacher is the part of attach.Attacher the watcher uses.
 type Attacher interface {
@@ -91,9 +86,8 @@ type Watcher struct {
 }
 
 type vmiState struct {
-	started    map[string]bool // "<migration key>/<side>"
-	warned     map[string]bool // not-migratable warnings per migration key
-	macChecked bool
+	started map[string]bool // "<migration key>/<side>"
+	warned  map[string]bool // not-migratable warnings per migration key
 }
 
 // New returns a Watcher; Run starts it.
@@ -236,8 +230,8 @@ func (w *Watcher) state(uid types.UID) *vmiState {
 	return s
 }
 
-// Sync looks at one VMI once: it records the MAC and not-migratable
-// warnings and starts the attaches Plan asks for (each at most once per
+// Sync looks at one VMI once: it records the not-migratable warning and
+// starts the attaches Plan asks for (each at most once per
 // migration and side). An error means "look again later".
 func (w *Watcher) Sync(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) error {
 	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, w.cfg.BindingName)
@@ -268,15 +262,6 @@ func (w *Watcher) Sync(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 			w.run(ctx, vmi, act)
 		}()
 	}
-	if err := w.checkMAC(ctx, vmi, ifaces); err != nil {
-		if apierrors.IsForbidden(err) {
-			// Retrying cannot help; say once what is missing.
-			klog.FromContext(ctx).Error(err, "Cannot check vfnet interface MACs for migratability (RBAC: the driver needs list on pods)", "vmi", klog.KObj(vmi))
-			w.markMACChecked(vmi.UID)
-			return nil
-		}
-		return err
-	}
 	return nil
 }
 
@@ -306,6 +291,10 @@ func (w *Watcher) warnNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, ifac
 func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) {
 	logger := klog.FromContext(ctx).WithValues("vmi", klog.KObj(vmi), "side", act.Side, "migration", act.MigrationKey)
 	ctx = klog.NewContext(ctx, logger)
+	if act.PodName == "" {
+		w.sourcePodUnknown(ctx, vmi, act)
+		return
+	}
 	req, err := w.resolveWithRetry(ctx, vmi, act)
 	if err == nil {
 		var res attach.Result
@@ -314,7 +303,7 @@ func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstanc
 			if len(res.Attached) > 0 {
 				w.cfg.Recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonAttached,
 					"Attached %s to domain %s in pod %s on node %s after %s migration",
-					describe(req.Hostdevs), req.Domain, podRef(act, req), w.cfg.NodeName, outcome(act.Side))
+					describe(req.Hostdevs), req.Domain, act.PodName, w.cfg.NodeName, outcome(act.Side))
 			}
 			logger.Info("Migration VFs in place", "attached", res.Attached, "present", res.Present, "attempts", res.Attempts)
 			return
@@ -328,18 +317,30 @@ func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstanc
 		"Could not attach vfnet VFs to the %s launcher on node %s after %s migration: %v", act.Side, w.cfg.NodeName, outcome(act.Side), err)
 }
 
+// sourcePodUnknown reports a failed migration whose status names no source
+// pod. status.activePods maps pod UIDs to nodes, but pods can only be read by
+// name with the driver's RBAC (pods: get), so the launcher, its claims and
+// thus the VFs to re-attach are unknown. KubeVirt's migration controller
+// records the VMI's current pod as sourcePod while the migration is pending
+// and copies it into the VMI status at the hand-off to the target, so this
+// only happens if it did not find that pod (or something else wrote the
+// status). Plan gives the action once per migration: one Event.
+func (w *Watcher) sourcePodUnknown(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) {
+	names := make([]string, len(act.Interfaces))
+	for i, ci := range act.Interfaces {
+		names[i] = ci.Interface.Name
+	}
+	klog.FromContext(ctx).Error(nil, "Cannot re-attach VFs after a failed migration: status.migrationState.sourcePod is empty", "interfaces", names)
+	w.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonAttachFailed,
+		"Could not re-attach the VF(s) of vfnet interface(s) %s on node %s after the failed migration %s: status.migrationState.sourcePod is empty, so the source launcher pod is unknown (the driver reads pods by name only; status.activePods holds pod UIDs); the VM keeps running without them until it is restarted or migrated again",
+		strings.Join(names, ", "), w.cfg.NodeName, act.MigrationKey)
+}
+
 func outcome(s Side) string {
 	if s == Target {
 		return "completed"
 	}
 	return "failed"
-}
-
-func podRef(act Action, req attach.Request) string {
-	if act.PodName != "" {
-		return act.PodName
-	}
-	return "uid " + req.PodUID
 }
 
 func describe(hs []attach.Hostdev) string {
@@ -396,46 +397,19 @@ func (w *Watcher) resolve(ctx context.Context, vmi *kubevirtv1.VirtualMachineIns
 	return req, nil
 }
 
-// launcherPod returns the named pod, or the VMI's launcher pod on this node.
+// launcherPod returns the named launcher pod, which must run on this node.
 func (w *Watcher) launcherPod(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, name string) (*corev1.Pod, error) {
-	pods := w.cfg.Kube.CoreV1().Pods(vmi.Namespace)
-	if name != "" {
-		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil, retryable{fmt.Errorf("launcher pod %s/%s not found", vmi.Namespace, name)}
-		}
-		if err != nil {
-			return nil, retryable{fmt.Errorf("get launcher pod %s/%s: %w", vmi.Namespace, name, err)}
-		}
-		if pod.Spec.NodeName != w.cfg.NodeName {
-			return nil, fmt.Errorf("launcher pod %s/%s runs on node %q, not on this node %q", vmi.Namespace, name, pod.Spec.NodeName, w.cfg.NodeName)
-		}
-		return pod, nil
-	}
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set{LauncherPodLabel: string(vmi.UID)}.String()})
-	if apierrors.IsForbidden(err) {
-		return nil, fmt.Errorf("list launcher pods of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	pod, err := w.cfg.Kube.CoreV1().Pods(vmi.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, retryable{fmt.Errorf("launcher pod %s/%s not found", vmi.Namespace, name)}
 	}
 	if err != nil {
-		return nil, retryable{fmt.Errorf("list launcher pods of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)}
+		return nil, retryable{fmt.Errorf("get launcher pod %s/%s: %w", vmi.Namespace, name, err)}
 	}
-	var found *corev1.Pod
-	for i := range list.Items {
-		p := &list.Items[i]
-		if p.Spec.NodeName != w.cfg.NodeName || p.DeletionTimestamp != nil {
-			continue
-		}
-		if node, ok := vmi.Status.ActivePods[p.UID]; ok && node == w.cfg.NodeName {
-			return p, nil
-		}
-		if found == nil || p.Status.Phase == corev1.PodRunning {
-			found = p
-		}
+	if pod.Spec.NodeName != w.cfg.NodeName {
+		return nil, fmt.Errorf("launcher pod %s/%s runs on node %q, not on this node %q", vmi.Namespace, name, pod.Spec.NodeName, w.cfg.NodeName)
 	}
-	if found == nil {
-		return nil, retryable{fmt.Errorf("no launcher pod of VMI %s/%s (label %s=%s) on node %s", vmi.Namespace, vmi.Name, LauncherPodLabel, vmi.UID, w.cfg.NodeName)}
-	}
-	return found, nil
+	return pod, nil
 }
 
 // podClaim returns the allocated ResourceClaim behind one interface in pod.
@@ -491,62 +465,4 @@ func (w *Watcher) hostdev(claim *resourceapi.ResourceClaim, ci kubevirtvmi.Claim
 		h.Guest = &g
 	}
 	return h, nil
-}
-
-// checkMAC warns once per VMI, on the node it runs on, about template-backed
-// vfnet interfaces with neither macAddress nor VFConfig.mac: the target VF
-// would keep its own MAC and the guest would see its NIC change.
-func (w *Watcher) checkMAC(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInterface) error {
-	w.mu.Lock()
-	done := w.state(vmi.UID).macChecked
-	w.mu.Unlock()
-	if done || vmi.Status.NodeName != w.cfg.NodeName {
-		return nil
-	}
-	if ms := vmi.Status.MigrationState; ms != nil && viewOf(ms).targetNode == w.cfg.NodeName {
-		// Migrated in: its source node already looked.
-		w.markMACChecked(vmi.UID)
-		return nil
-	}
-	var missing []kubevirtvmi.ClaimInterface
-	for _, ci := range ifaces {
-		if ci.Interface.MacAddress == "" && ci.FromTemplate() {
-			missing = append(missing, ci)
-		}
-	}
-	if len(missing) == 0 {
-		w.markMACChecked(vmi.UID)
-		return nil
-	}
-	pod, err := w.launcherPod(ctx, vmi, "")
-	if err != nil {
-		return err
-	}
-	var unsafe []string
-	for _, ci := range missing {
-		claim, err := w.podClaim(ctx, pod, ci)
-		if err != nil {
-			return err
-		}
-		cfg, err := vfconfig.ForRequest(claim, w.cfg.DriverName, ci.RequestName)
-		if err != nil {
-			return fmt.Errorf("VFConfig of ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
-		}
-		if cfg.MAC == nil || *cfg.MAC == "" {
-			unsafe = append(unsafe, ci.Interface.Name)
-		}
-	}
-	w.markMACChecked(vmi.UID)
-	if len(unsafe) > 0 {
-		w.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonMACNotMigratable,
-			"vfnet interface(s) %s are not safely migratable: neither spec.domain.devices.interfaces[].macAddress nor the claim's VFConfig.mac is set, so the VF keeps the MAC it has on this node and the VF on a migration target would show the guest a different MAC; set macAddress on the interface",
-			strings.Join(unsafe, ", "))
-	}
-	return nil
-}
-
-func (w *Watcher) markMACChecked(uid types.UID) {
-	w.mu.Lock()
-	w.state(uid).macChecked = true
-	w.mu.Unlock()
 }
