@@ -23,6 +23,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/test/flow"
 )
 
@@ -78,6 +79,7 @@ func TestLiveMigration(t *testing.T) {
 	}
 	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
 	checkNotMigratableWarning(ctx, t, env)
+	checkMACWarning(ctx, t, env, nodes)
 	for name, n := range nodes {
 		log := n.DriverLog(1 << 22)
 		for _, bad := range []string{"panic", "Giving up attaching", "Live-migration re-attach stopped"} {
@@ -399,4 +401,24 @@ func checkNotMigratableWarning(ctx context.Context, t *testing.T, env *flow.Env)
 	}
 	vmi = updateVMIStatus(ctx, t, env, vmi)
 	waitEvent(ctx, t, env, vmi, watch.ReasonNotMigratable, "net1")
+}
+
+// checkMACWarning: a VM whose template-claim interface has no macAddress
+// (and no VFConfig.mac) is prepared; the node's driver records
+// VFNetMACNotMigratable on the VMI while preparing, with the driver's own
+// RBAC (pods: get only).
+func checkMACWarning(ctx context.Context, t *testing.T, env *flow.Env, nodes map[string]*flow.Node) {
+	t.Helper()
+	vm, err := env.CreateVM(ctx, flow.VMSpec{Name: "vm-nomac", DeviceClass: "vfnet-physnet-a", VLAN: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := env.WaitScheduled(ctx, vm, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes[sched.NodeName].Kubelet.WaitPrepared(ctx, vm.Pod.UID); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, env, vm.VMI, prepare.ReasonMACNotMigratable, `interface "net1"`)
 }
