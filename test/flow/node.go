@@ -384,3 +384,23 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// ForbiddenLogLines returns the lines of every driver run's log on this
+// node in which the API server refused the driver something: the RBAC in
+// manifests/ must allow all the driver does.
+func (n *Node) ForbiddenLogLines() []string {
+	logs, _ := filepath.Glob(filepath.Join(n.Dir, "driver-*.log"))
+	var out []string
+	for _, l := range logs {
+		data, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "is forbidden") || strings.Contains(line, "Forbidden") {
+				out = append(out, filepath.Base(l)+": "+line)
+			}
+		}
+	}
+	return out
+}

@@ -247,7 +247,10 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 		if len(claims.Items) != 0 {
 			return fmt.Errorf("%d ResourceClaims left in default", len(claims.Items))
 		}
-		e.say("    %d VFs on their original drivers with their original settings; no claims left", len(refs))
+		if lines := node.ForbiddenLogLines(); len(lines) > 0 {
+			return fmt.Errorf("the API server refused the driver (RBAC in manifests/ too tight?):\n%s", strings.Join(lines, "\n"))
+		}
+		e.say("    %d VFs on their original drivers with their original settings; no claims left; the driver was never refused by RBAC", len(refs))
 		return nil
 	}); err != nil {
 		return res, err
