@@ -99,23 +99,35 @@ func (d *Device) HardwareAddress() string {
 // Read decodes the metadata file at path and returns its single vfnet device.
 // A missing file yields an error wrapping fs.ErrNotExist.
 func Read(path string) (*Device, error) {
+	d, _, err := readIdentified(path)
+	return d, err
+}
+
+// readIdentified is Read that also returns the identity of the file it read
+// (id.ok is false when the file changed while it was being read, so the
+// result must not be cached under either identity).
+func readIdentified(path string) (*Device, fileID, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("read device metadata %s: %w", path, err)
+		return nil, fileID{}, fmt.Errorf("read device metadata %s: %w", path, err)
 	}
 	defer f.Close()
+	before := fdIdentity(f)
 	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("read device metadata %s: %w", path, err)
+		return nil, fileID{}, fmt.Errorf("read device metadata %s: %w", path, err)
 	}
 	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("device metadata %s: larger than %d bytes; not a file vfnet-driver wrote", path, maxFileSize)
+		return nil, fileID{}, fmt.Errorf("device metadata %s: larger than %d bytes; not a file vfnet-driver wrote", path, maxFileSize)
+	}
+	if after := fdIdentity(f); after != before {
+		before = fileID{}
 	}
 	d, err := Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("device metadata %s: %w", path, err)
+		return nil, fileID{}, fmt.Errorf("device metadata %s: %w", path, err)
 	}
-	return d, nil
+	return d, before, nil
 }
 
 // Decode decodes a metadata stream (one JSON object per API version) with

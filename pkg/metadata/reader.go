@@ -27,13 +27,19 @@ func (r FileReader) Read(ci kubevirtvmi.ClaimInterface) (*Device, error) {
 	if err == nil {
 		return d, nil
 	}
+	return nil, r.explain(ci, path, err)
+}
+
+// explain turns a failure to read the metadata file at path into an error
+// that says what to fix.
+func (r FileReader) explain(ci kubevirtvmi.ClaimInterface, path string, err error) error {
 	if errors.Is(err, fs.ErrPermission) {
-		return nil, fmt.Errorf("%w; the file must be readable by the sidecar's user (uid 107 for non-root VMs): check vfnet-driver's metadata file mode", err)
+		return fmt.Errorf("%w; the file must be readable by the sidecar's user (uid 107 for non-root VMs): check vfnet-driver's metadata file mode", err)
 	}
 	if !IsNotExist(err) {
-		return nil, err
+		return err
 	}
-	return nil, r.explainMissing(ci, path)
+	return r.explainMissing(ci, path)
 }
 
 func (r FileReader) explainMissing(ci kubevirtvmi.ClaimInterface, path string) error {

@@ -54,7 +54,7 @@ func Run(ctx context.Context, o Options) error {
 	s, err := server.New(ctx, server.Config{
 		SocketDir:   o.SocketDir,
 		BindingName: o.BindingName,
-		Reader:      metadata.FileReader{Root: o.MetadataRoot},
+		Reader:      metadata.NewCachingReader(o.MetadataRoot),
 	})
 	if err != nil {
 		return err
