@@ -32,8 +32,16 @@ type existingHostdev struct {
 
 type wsRun struct {
 	start, end int
-	text       string
+	text       string // set only when it differs from the input bytes
 	ok         bool
+}
+
+// str is the whitespace run's text.
+func (w wsRun) str(data []byte) string {
+	if w.text != "" {
+		return w.text
+	}
+	return string(data[w.start:w.end])
 }
 
 func isSpace(b []byte) bool {
@@ -98,7 +106,7 @@ func scan(data []byte) (*document, error) {
 					break
 				}
 				if children == 0 && ws.ok {
-					doc.childWS = ws.text
+					doc.childWS = ws.str(data)
 				}
 				children++
 				if t.Name.Local == "hostdev" && t.Name.Space == "" {
@@ -126,7 +134,7 @@ func scan(data []byte) (*document, error) {
 					doc.devEnd = end
 					doc.devSelfClosed = off == end
 					if ws.ok {
-						doc.closeWS = ws.text
+						doc.closeWS = ws.str(data)
 					}
 				}
 			case 3:
@@ -142,7 +150,11 @@ func scan(data []byte) (*document, error) {
 			depth--
 		case xml.CharData:
 			if isSpace(t) {
-				prev = wsRun{start: off, end: end, text: string(t), ok: true}
+				prev = wsRun{start: off, end: end, ok: true}
+				if end-off != len(t) {
+					// Written with character references: keep what they mean.
+					prev.text = string(t)
+				}
 			} else if depth == 0 {
 				return nil, errors.New("domain XML has text outside the root element")
 			}
@@ -183,20 +195,53 @@ func afterNewline(ws string) (string, bool) {
 	return ws[i+1:], true
 }
 
-func marshalHostdev(h hostdev, prefix, unit string, pretty bool) ([]byte, error) {
-	var (
-		b   []byte
-		err error
-	)
+// marshaller marshals hostdevs (libvirtxml's MarshalXML) through one
+// xml.Encoder, so a call pays for one encoder and buffer however many
+// hostdevs it writes.
+type marshaller struct {
+	buf    bytes.Buffer
+	enc    *xml.Encoder
+	pretty bool
+}
+
+func newMarshaller(unit string, pretty bool) *marshaller {
+	m := &marshaller{pretty: pretty}
+	m.enc = xml.NewEncoder(&m.buf)
 	if pretty {
-		b, err = xml.MarshalIndent(h.el, prefix, unit)
-	} else {
-		b, err = xml.Marshal(h.el)
+		m.enc.Indent("", unit)
 	}
-	if err != nil {
+	return m
+}
+
+// marshal returns h as XML. When pretty, every line starts with prefix and
+// nested elements are indented by the unit, as xml.MarshalIndent(h, prefix,
+// unit) writes it.
+func (m *marshaller) marshal(h hostdev, prefix string) ([]byte, error) {
+	start := m.buf.Len()
+	if err := m.enc.Encode(h.el); err != nil {
 		return nil, fmt.Errorf("marshal hostdev %s: %w", h.alias, err)
 	}
-	return b, nil
+	b := m.buf.Bytes()[start:]
+	if !m.pretty {
+		return b, nil
+	}
+	// The encoder starts every top-level element after the first on a new
+	// line. Nothing inside a hostdev holds a raw newline (attribute values
+	// are escaped), so every newline is one the indenter wrote.
+	b = bytes.TrimPrefix(b, []byte{'\n'})
+	if prefix == "" {
+		return b, nil
+	}
+	out := make([]byte, 0, len(b)+len(prefix)*(1+bytes.Count(b, []byte{'\n'})))
+	out = append(out, prefix...)
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return append(out, b...), nil
+		}
+		out = append(append(out, b[:i+1]...), prefix...)
+		b = b[i+1:]
+	}
 }
 
 // splice writes wanted into data: a hostdev whose alias is already present
@@ -218,6 +263,17 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 		byAlias[h.alias] = i
 	}
 	placed := make([]bool, len(wanted))
+	var ms [2]*marshaller // compact, indented; made when first needed
+	marshal := func(h hostdev, prefix string, indented bool) ([]byte, error) {
+		i := 0
+		if indented {
+			i = 1
+		}
+		if ms[i] == nil {
+			ms[i] = newMarshaller(unit, indented)
+		}
+		return ms[i].marshal(h, prefix)
+	}
 	var edits []edit
 	for _, e := range d.hostdevs {
 		i, ours := byAlias[e.alias]
@@ -230,7 +286,7 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 		}
 		placed[i] = true
 		indent, nl := lineIndent(data, e.start)
-		b, err := marshalHostdev(wanted[i], indent, unit, nl)
+		b, err := marshal(wanted[i], indent, nl)
 		if err != nil {
 			return nil, err
 		}
@@ -242,7 +298,7 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 		if placed[i] {
 			continue
 		}
-		b, err := marshalHostdev(h, childIndent, unit, pretty)
+		b, err := marshal(h, childIndent, pretty)
 		if err != nil {
 			return nil, err
 		}

@@ -53,7 +53,7 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	logger = klog.LoggerWithValues(logger, "vmi", klog.KObj(vmi))
+	logger = klog.LoggerWithValues(logger, "vmi", klog.KRef(vmi.Namespace, vmi.Name))
 	ctx = klog.NewContext(ctx, logger)
 	target := IsMigrationTarget(vmi)
 	c.logMigratability(logger, vmi, target)
@@ -77,14 +77,45 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	return &v1alpha3.OnDefineDomainResult{DomainXML: out}, nil
 }
 
+// vmiFields is the part of a VMI that vfnet reads, at the JSON paths of
+// kubevirt.io/api's VirtualMachineInstance and with its types for each part.
+// virt-launcher sends the whole VMI (domain spec, volumes, status);
+// decoding only these fields skips the rest instead of building it.
+type vmiFields struct {
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Spec struct {
+		Domain struct {
+			Devices struct {
+				Interfaces []kubevirtv1.Interface `json:"interfaces"`
+			} `json:"devices"`
+		} `json:"domain"`
+		Networks       []kubevirtv1.Network                             `json:"networks"`
+		ResourceClaims []kubevirtv1.VirtualMachineInstanceResourceClaim `json:"resourceClaims"`
+	} `json:"spec"`
+	Status struct {
+		MigrationState *kubevirtv1.VirtualMachineInstanceMigrationState `json:"migrationState"`
+	} `json:"status"`
+}
+
+// decodeVMI returns a VMI with the fields vfnet reads set from the JSON b
+// (see vmiFields); every other field is left empty.
 func decodeVMI(b []byte) (*kubevirtv1.VirtualMachineInstance, error) {
 	if len(b) == 0 {
 		return nil, errors.New("OnDefineDomain request has no VMI; virt-launcher always sends one, so the caller is not KubeVirt")
 	}
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := json.Unmarshal(b, vmi); err != nil {
+	var f vmiFields
+	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("decode the VMI JSON of the OnDefineDomain request: %w", err)
 	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	vmi.Name, vmi.Namespace = f.Metadata.Name, f.Metadata.Namespace
+	vmi.Spec.Domain.Devices.Interfaces = f.Spec.Domain.Devices.Interfaces
+	vmi.Spec.Networks = f.Spec.Networks
+	vmi.Spec.ResourceClaims = f.Spec.ResourceClaims
+	vmi.Status.MigrationState = f.Status.MigrationState
 	return vmi, nil
 }
 
