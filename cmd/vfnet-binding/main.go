@@ -8,6 +8,7 @@ import (
 	"flag"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"k8s.io/klog/v2"
@@ -16,6 +17,9 @@ import (
 )
 
 func main() {
+	if pct, ok := app.GCPercent(os.Getenv); ok {
+		debug.SetGCPercent(pct)
+	}
 	opts, err := app.Parse(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

@@ -32,3 +32,18 @@ func TestParse(t *testing.T) {
 		t.Error("unknown flag accepted")
 	}
 }
+
+func TestGCPercent(t *testing.T) {
+	t.Parallel()
+	if pct, ok := app.GCPercent(func(string) string { return "" }); !ok || pct != app.DefaultGCPercent {
+		t.Errorf("GOGC unset: GCPercent = %d, %v; want %d, true", pct, ok, app.DefaultGCPercent)
+	}
+	if _, ok := app.GCPercent(func(k string) string {
+		if k == "GOGC" {
+			return "200"
+		}
+		return ""
+	}); ok {
+		t.Error("GOGC=200 set: GCPercent overrides it")
+	}
+}

@@ -66,6 +66,12 @@ func ApplyContext(ctx context.Context, domainXML []byte, vmi *kubevirtv1.Virtual
 	if err != nil {
 		return nil, err
 	}
+	return ApplyInterfaces(ctx, domainXML, ifaces, reader)
+}
+
+// ApplyInterfaces is ApplyContext for a caller that already resolved the
+// VMI's binding interfaces with kubevirtvmi.BindingInterfaces.
+func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []kubevirtvmi.ClaimInterface, reader MetadataReader) ([]byte, error) {
 	// Scan even when no interface uses the binding: the document must be a
 	// domain either way, and returning garbage unchanged would only move
 	// the failure to libvirt.

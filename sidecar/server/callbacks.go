@@ -56,9 +56,12 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	logger = klog.LoggerWithValues(logger, "vmi", klog.KRef(vmi.Namespace, vmi.Name))
 	ctx = klog.NewContext(ctx, logger)
 	target := IsMigrationTarget(vmi)
-	c.logMigratability(logger, vmi, target)
-
-	out, err := domain.ApplyContext(ctx, p.GetDomainXML(), vmi, c.BindingName, c.Reader)
+	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, c.BindingName)
+	var out []byte
+	if err == nil {
+		logMigratability(logger, ifaces, target)
+		out, err = domain.ApplyInterfaces(ctx, p.GetDomainXML(), ifaces, c.Reader)
+	}
 	if err != nil {
 		if target {
 			// virt-launcher discards a target's result (the domain arrives as
@@ -132,11 +135,7 @@ func IsMigrationTarget(vmi *kubevirtv1.VirtualMachineInstance) bool {
 	return ms.TargetPod != "" || (ms.TargetState != nil && ms.TargetState.Pod != "")
 }
 
-func (c *Callbacks) logMigratability(logger klog.Logger, vmi *kubevirtv1.VirtualMachineInstance, target bool) {
-	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, c.BindingName)
-	if err != nil {
-		return // ApplyContext reports it
-	}
+func logMigratability(logger klog.Logger, ifaces []kubevirtvmi.ClaimInterface, target bool) {
 	for _, ci := range ifaces {
 		if ci.ResourceClaimName != nil {
 			logger.Info("interface uses a directly named ResourceClaim; its VF is pinned to this node, so the VM cannot live-migrate. Use a resourceClaimTemplate to make it migratable",
