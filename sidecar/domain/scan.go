@@ -195,6 +195,10 @@ func afterNewline(ws string) (string, bool) {
 	return ws[i+1:], true
 }
 
+// hostdevSizeHint is about the size of one indented hostdev with a guest
+// address and boot order, so the buffer is allocated once.
+const hostdevSizeHint = 512
+
 // marshaller marshals hostdevs (libvirtxml's MarshalXML) through one
 // xml.Encoder, so a call pays for one encoder and buffer however many
 // hostdevs it writes.
@@ -271,6 +275,7 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 		}
 		if ms[i] == nil {
 			ms[i] = newMarshaller(unit, indented)
+			ms[i].buf.Grow(hostdevSizeHint * len(wanted))
 		}
 		return ms[i].marshal(h, prefix)
 	}
@@ -294,6 +299,13 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 	}
 
 	var add bytes.Buffer
+	unplaced := 0
+	for _, p := range placed {
+		if !p {
+			unplaced++
+		}
+	}
+	add.Grow((hostdevSizeHint + 1) * unplaced)
 	for i, h := range wanted {
 		if placed[i] {
 			continue
