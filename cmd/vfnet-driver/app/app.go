@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -22,13 +21,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
@@ -183,9 +182,8 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
-	logCfg := textlogger.NewConfig(textlogger.Output(os.Stderr))
-	fs.Var(logCfg.Verbosity(), "v", "log verbosity: 2 adds per-rescan detail, 4 and above debug detail")
-	fs.Var(logCfg.VModule(), "vmodule", "per-file verbosity, a comma-separated list of pattern=N")
+	logCfg := logsapi.NewLoggingConfiguration()
+	logsapi.AddGoFlags(logCfg, fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -193,7 +191,7 @@ func runDriver(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
 	}
-	if err := setupLogging(logCfg); err != nil {
+	if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver: logging flags: %v\n", err)
 		return 2
 	}
@@ -221,33 +219,6 @@ func runDriver(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// setupLogging routes klog, contextual loggers and log/slog to klog's text
-// logger, the same output k8s.io/component-base/logs/api/v1 produces for
-// its default text format. That package is not used: it links the feature
-// gate and Prometheus metrics registries (~150 packages whose init work and
-// touched pages cost idle RSS) for options the driver does not offer.
-func setupLogging(cfg *textlogger.Config) error {
-	// klog.V(n).Info calls (client-go's) check klog's own verbosity.
-	var kfs flag.FlagSet
-	klog.InitFlags(&kfs)
-	if err := kfs.Set("v", cfg.Verbosity().String()); err != nil {
-		return fmt.Errorf("-v: %w", err)
-	}
-	if err := kfs.Set("vmodule", cfg.VModule().String()); err != nil {
-		return fmt.Errorf("-vmodule: %w", err)
-	}
-	logger := textlogger.NewLogger(cfg)
-	opts := []klog.LoggerOption{klog.ContextualLogger(true)}
-	if w, ok := logger.GetSink().(textlogger.KlogBufferWriter); ok {
-		opts = append(opts, klog.WriteKlogBuffer(w.WriteKlogBuffer))
-	}
-	klog.SetLoggerWithOptions(logger, opts...)
-	klog.EnableContextualLogging(true)
-	slog.SetDefault(slog.New(logr.ToSlogHandler(klog.Background())))
-	klog.StartFlushDaemon(5 * time.Second)
-	return nil
 }
 
 // host is the kernel side the driver acts on: the real one or pkg/simhost's.
