@@ -3,6 +3,8 @@
 #   docker build --target driver  -t vfnet-driver .
 #   docker build --target binding -t vfnet-binding .
 # Both binaries are static (CGO_ENABLED=0): the images carry no libc.
+# grpcnotrace drops grpc's x/net/trace (off by default anyway), which keeps
+# text/template out and the binaries ~40% smaller (less RSS per VM pod).
 
 ARG GO_VERSION=1.26.8
 
@@ -15,8 +17,8 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ENV CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH}
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/vfnet-driver ./cmd/vfnet-driver && \
-    go build -trimpath -ldflags="-s -w" -o /out/vfnet-binding ./cmd/vfnet-binding
+    go build -trimpath -tags grpcnotrace -ldflags="-s -w" -o /out/vfnet-driver ./cmd/vfnet-driver && \
+    go build -trimpath -tags grpcnotrace -ldflags="-s -w" -o /out/vfnet-binding ./cmd/vfnet-binding
 # The binding runs as KubeVirt's non-root launcher user (qemu, 107:107);
 # scratch has no user database, so ship a minimal one.
 RUN mkdir -p /out/etc /out/var/run/kubevirt-hooks && \

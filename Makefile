@@ -11,7 +11,7 @@ GOTEST_FLAGS ?= -race -timeout 40m
 all: build
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -trimpath -tags grpcnotrace -o bin/ ./cmd/...
 
 deps:
 	@hack/install-deps.sh
