@@ -221,14 +221,15 @@ func TestDriverOnAPIServer(t *testing.T) {
 	st := procStatus(t, cmd.Process.Pid)
 	t.Logf("idle vfnet-driver holding 1024 VFs: VmRSS %.1f MiB = RssAnon %.1f MiB (heap, stacks) + RssFile %.1f MiB (binary pages)",
 		float64(st["VmRSS"])/1024, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024)
-	// The goal is < 40 MiB. The file-backed part (~36 MiB) is the 80 MB
-	// binary's code, pclntab and rodata touched at init and while serving,
-	// reclaimable page cache whose size also depends on the page cache's
-	// state (36-44 MiB for the same binary); a do-nothing program that only
-	// imports client-go and kubeletplugin already maps ~20.5 MiB of it. The
+	// The goal is < 40 MiB in all; measured 46 MiB on this build. The
+	// file-backed part (~28 MiB) is the binary's code, pclntab and rodata
+	// touched at init and while serving: reclaimable page cache whose size
+	// also depends on the page cache's state; a do-nothing program that only
+	// imports client-go and kubeletplugin already maps ~20 MiB of it. The
 	// anonymous part (~18 MiB at GOGC=25) is mostly the ~12 MiB live heap,
 	// two thirds of it the resourceslice controller's informer cache and
-	// desired copy of the 1024 devices.
+	// desired copy of the 1024 devices. Only the part the driver controls is
+	// asserted.
 	if st["RssAnon"] > 40*1024 {
 		t.Errorf("idle anonymous RSS %.1f MiB, goal < 40 MiB", float64(st["RssAnon"])/1024)
 	}
