@@ -21,7 +21,6 @@ package discovery
 import (
 	"cmp"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
@@ -220,27 +220,25 @@ func (d Device) ResourceDevice() resourceapi.Device {
 	return resourceapi.Device{Name: d.Name, Attributes: d.Attributes()}
 }
 
-var bdfRE = regexp.MustCompile(`^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$`)
-
 // DeviceName returns the DRA device name of the VF at bdf: "0000:3b:02.1"
 // becomes "vf-0000-3b-02-1", a DNS label that maps back one to one.
 func DeviceName(bdf string) (string, error) {
-	m := bdfRE.FindStringSubmatch(bdf)
-	if m == nil {
+	if !pciaddr.Valid(bdf) {
 		return "", fmt.Errorf("PCI address %q is not a lower-case domain:bus:slot.function", bdf)
 	}
-	return fmt.Sprintf("vf-%s-%s-%s-%s", m[1], m[2], m[3], m[4]), nil
+	n := len(bdf)
+	return "vf-" + bdf[:n-8] + "-" + bdf[n-7:n-5] + "-" + bdf[n-4:n-2] + "-" + bdf[n-1:], nil
 }
-
-var nameRE = regexp.MustCompile(`^vf-([0-9a-f]{4,8})-([0-9a-f]{2})-([0-1][0-9a-f])-([0-7])$`)
 
 // ParseDeviceName returns the VF BDF a device name stands for.
 func ParseDeviceName(name string) (string, error) {
-	m := nameRE.FindStringSubmatch(name)
-	if m == nil {
-		return "", fmt.Errorf("device name %q is not a vfnet VF name (vf-<domain>-<bus>-<slot>-<function>)", name)
+	s, ok := strings.CutPrefix(name, "vf-")
+	if n := len(s); ok && n >= 12 && s[n-8] == '-' && s[n-5] == '-' && s[n-2] == '-' {
+		if bdf := s[:n-8] + ":" + s[n-7:n-5] + ":" + s[n-4:n-2] + "." + s[n-1:]; pciaddr.Valid(bdf) {
+			return bdf, nil
+		}
 	}
-	return fmt.Sprintf("%s:%s:%s.%s", m[1], m[2], m[3], m[4]), nil
+	return "", fmt.Errorf("device name %q is not a vfnet VF name (vf-<domain>-<bus>-<slot>-<function>)", name)
 }
 
 // VFRef locates a VF on the host.
@@ -299,16 +297,13 @@ func CompareBDF(a, b string) int {
 
 func parseBDF(s string) ([4]uint64, bool) {
 	var out [4]uint64
-	m := bdfRE.FindStringSubmatch(s)
-	if m == nil {
+	if !pciaddr.Valid(s) {
 		return out, false
 	}
-	for i := range out {
-		v, err := strconv.ParseUint(m[i+1], 16, 32)
-		if err != nil {
-			return out, false
-		}
-		out[i] = v
+	n := len(s)
+	for i, f := range []string{s[:n-8], s[n-7 : n-5], s[n-4 : n-2], s[n-1:]} {
+		// Valid guarantees at most 8 hex digits.
+		out[i], _ = strconv.ParseUint(f, 16, 32)
 	}
 	return out, true
 }

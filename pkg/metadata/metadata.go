@@ -33,6 +33,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/devicemetadata"
 
 	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 const (
@@ -184,23 +185,8 @@ func Decode(data []byte) (*Device, error) {
 }
 
 // ValidPCIBusID reports whether s is a PCI address in the canonical form the
-// kernel and the standard attribute use: dddd:bb:ss.f, lower-case hex, slot
-// at most 0x1f, function at most 7.
-func ValidPCIBusID(s string) bool {
-	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
-		return false
-	}
-	for i, c := range []byte(s) {
-		switch i {
-		case 4, 7, 10:
-			continue
-		}
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return s[8] <= '1' && s[11] <= '7'
-}
+// kernel and the standard attribute use (pciaddr.Valid).
+func ValidPCIBusID(s string) bool { return pciaddr.Valid(s) }
 
 // IsNotExist reports whether err says a metadata file or directory is missing.
 func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

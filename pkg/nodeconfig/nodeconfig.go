@@ -39,6 +39,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
@@ -128,7 +129,6 @@ func Load(path string) (*Config, error) {
 
 var (
 	dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	bdfRE      = regexp.MustCompile(`^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)
 	hexIDRE    = regexp.MustCompile(`^[0-9a-f]{4}$`)
 	rangeRE    = regexp.MustCompile(`^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$`)
 )
@@ -214,7 +214,7 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 	}
 	if v, ok := str("pciAddress"); ok {
 		lv := strings.ToLower(v)
-		if !bdfRE.MatchString(lv) {
+		if !pciaddr.Valid(lv) {
 			fe.add(path+".pciAddress", "%q is not a PCI address: use domain:bus:slot.function, e.g. \"0000:3b:00.0\"", v)
 		}
 		s.PCIAddress = lv

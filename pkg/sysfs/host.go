@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 // DefaultRoot is where the kernel mounts sysfs.
@@ -637,21 +639,9 @@ func direntNames(fd int) ([]string, error) {
 	}
 }
 
-// ValidBDF reports whether s is a lower-case PCI address "dddd:bb:ss.f".
-func ValidBDF(s string) bool {
-	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
-		return false
-	}
-	for i, c := range []byte(s) {
-		if i == 4 || i == 7 || i == 10 {
-			continue
-		}
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return s[11] <= '7'
-}
+// ValidBDF reports whether s is a lower-case PCI address "dddd:bb:ss.f"
+// as the kernel names devices (pciaddr.Valid).
+func ValidBDF(s string) bool { return pciaddr.Valid(s) }
 
 func isHex(s string) bool {
 	for _, c := range []byte(s) {

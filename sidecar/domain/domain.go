@@ -17,8 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
-	"strings"
 
 	"k8s.io/klog/v2"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 // AliasPrefix is the alias prefix of every hostdev vfnet writes. It is the
@@ -177,29 +176,9 @@ func validAliasName(name string) bool {
 
 // parsePCI parses a PCI address DDDD:BB:SS.F (hex, any case).
 func parsePCI(bdf string) (*libvirtxml.DomainAddressPCI, error) {
-	parts := strings.Split(bdf, ":")
-	if len(parts) != 3 {
-		return nil, errors.New("not a PCI address of the form 0000:3b:02.1")
+	a, err := pciaddr.Parse(bdf)
+	if err != nil {
+		return nil, err
 	}
-	sf := strings.Split(parts[2], ".")
-	if len(sf) != 2 {
-		return nil, errors.New("not a PCI address of the form 0000:3b:02.1")
-	}
-	fields := []struct {
-		s    string
-		max  uint64
-		what string
-	}{{parts[0], 0xffff, "domain"}, {parts[1], 0xff, "bus"}, {sf[0], 0x1f, "slot"}, {sf[1], 7, "function"}}
-	var v [4]uint
-	for i, f := range fields {
-		if f.s == "" || len(f.s) > 4 {
-			return nil, fmt.Errorf("PCI %s %q is not 1-4 hex digits", f.what, f.s)
-		}
-		n, err := strconv.ParseUint(f.s, 16, 16)
-		if err != nil || n > f.max {
-			return nil, fmt.Errorf("PCI %s %q is not a hex number up to %#x", f.what, f.s, f.max)
-		}
-		v[i] = uint(n)
-	}
-	return &libvirtxml.DomainAddressPCI{Domain: &v[0], Bus: &v[1], Slot: &v[2], Function: &v[3]}, nil
+	return &libvirtxml.DomainAddressPCI{Domain: &a.Domain, Bus: &a.Bus, Slot: &a.Slot, Function: &a.Function}, nil
 }

@@ -6,10 +6,11 @@ package attach
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 // AliasPrefix is the alias prefix KubeVirt uses for SR-IOV hostdevs; the
@@ -20,43 +21,14 @@ const AliasPrefix = "ua-sriov-"
 func Alias(iface string) string { return AliasPrefix + iface }
 
 // PCIAddress is a PCI domain:bus:slot.function.
-type PCIAddress struct {
-	Domain, Bus, Slot, Function uint
-}
-
-// String formats the address as a lower-case BDF (0000:3b:02.1).
-func (a PCIAddress) String() string {
-	return fmt.Sprintf("%04x:%02x:%02x.%x", a.Domain, a.Bus, a.Slot, a.Function)
-}
+type PCIAddress = pciaddr.Address
 
 // ParsePCIAddress parses "0000:3b:02.1" (the form of VMI pciAddress and of
 // resource.kubernetes.io/pciBusID).
 func ParsePCIAddress(s string) (PCIAddress, error) {
-	bad := func() (PCIAddress, error) {
-		return PCIAddress{}, fmt.Errorf("PCI address %q: want dddd:bb:ss.f in hex (e.g. 0000:3b:02.1)", s)
-	}
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return bad()
-	}
-	sf := strings.Split(parts[2], ".")
-	if len(sf) != 2 {
-		return bad()
-	}
-	var a PCIAddress
-	for _, f := range []struct {
-		s    string
-		bits int
-		dst  *uint
-	}{{parts[0], 16, &a.Domain}, {parts[1], 8, &a.Bus}, {sf[0], 5, &a.Slot}, {sf[1], 3, &a.Function}} {
-		if f.s == "" {
-			return bad()
-		}
-		v, err := strconv.ParseUint(f.s, 16, f.bits)
-		if err != nil {
-			return bad()
-		}
-		*f.dst = uint(v)
+	a, err := pciaddr.Parse(s)
+	if err != nil {
+		return PCIAddress{}, fmt.Errorf("PCI address %q: %w", s, err)
 	}
 	return a, nil
 }
@@ -134,7 +106,7 @@ func parseLiveDomain(domXML string) (liveDomain, error) {
 			if hd.SubsysPCI != nil && hd.SubsysPCI.Source != nil && hd.SubsysPCI.Source.Address != nil {
 				a := hd.SubsysPCI.Source.Address
 				if a.Domain != nil && a.Bus != nil && a.Slot != nil && a.Function != nil {
-					ld.sources[PCIAddress{*a.Domain, *a.Bus, *a.Slot, *a.Function}] = alias
+					ld.sources[PCIAddress{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}] = alias
 				}
 			}
 		}
