@@ -22,18 +22,17 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
+	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
 	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
-// AliasPrefix is the alias prefix of every hostdev vfnet writes. It is the
-// one KubeVirt uses for its own SR-IOV hostdevs ("ua-" marks a user alias,
-// "sriov-" makes KubeVirt detach the device before a live migration).
-const AliasPrefix = "ua-sriov-"
+// AliasPrefix is the alias prefix of every hostdev vfnet writes.
+const AliasPrefix = vfhostdev.AliasPrefix
 
 // Alias is the libvirt alias of the hostdev for VMI interface ifaceName.
-func Alias(ifaceName string) string { return AliasPrefix + ifaceName }
+func Alias(ifaceName string) string { return vfhostdev.Alias(ifaceName) }
 
 // MetadataReader returns the device that backs a binding interface. Errors
 // must name the file they concern.
@@ -119,8 +118,8 @@ func buildHostdev(logger klog.Logger, ci kubevirtvmi.ClaimInterface, reader Meta
 	if err != nil {
 		return hostdev{}, fmt.Errorf("%s: %w", describe(ci), err)
 	}
-	src, err := parsePCI(dev.PCIBusID)
-	if err != nil {
+	spec := vfhostdev.Spec{Interface: iface.Name, BootOrder: iface.BootOrder}
+	if spec.Source, err = pciaddr.Parse(dev.PCIBusID); err != nil {
 		return hostdev{}, fmt.Errorf("%s: metadata attribute %s %q: %w; the metadata file is damaged", describe(ci), metadata.PCIBusIDAttribute, dev.PCIBusID, err)
 	}
 	if iface.MacAddress != "" {
@@ -139,24 +138,14 @@ func buildHostdev(logger klog.Logger, ci kubevirtvmi.ClaimInterface, reader Meta
 			}
 		}
 	}
-	h := &libvirtxml.DomainHostdev{
-		Managed: "no",
-		SubsysPCI: &libvirtxml.DomainHostdevSubsysPCI{
-			Source: &libvirtxml.DomainHostdevSubsysPCISource{Address: src},
-		},
-		Alias: &libvirtxml.DomainAlias{Name: Alias(iface.Name)},
-	}
 	if iface.PciAddress != "" {
-		guest, err := parsePCI(iface.PciAddress)
+		guest, err := pciaddr.Parse(iface.PciAddress)
 		if err != nil {
 			return hostdev{}, fmt.Errorf("%s: pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", describe(ci), iface.PciAddress, err)
 		}
-		h.Address = &libvirtxml.DomainAddress{PCI: guest}
+		spec.Guest = &guest
 	}
-	if iface.BootOrder != nil {
-		h.Boot = &libvirtxml.DomainDeviceBoot{Order: *iface.BootOrder}
-	}
-	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: h}, nil
+	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: spec.Element()}, nil
 }
 
 // validAliasName reports whether libvirt accepts ua-sriov-<name> as a user
@@ -172,13 +161,4 @@ func validAliasName(name string) bool {
 		}
 	}
 	return true
-}
-
-// parsePCI parses a PCI address DDDD:BB:SS.F (hex, any case).
-func parsePCI(bdf string) (*libvirtxml.DomainAddressPCI, error) {
-	a, err := pciaddr.Parse(bdf)
-	if err != nil {
-		return nil, err
-	}
-	return &libvirtxml.DomainAddressPCI{Domain: &a.Domain, Bus: &a.Bus, Slot: &a.Slot, Function: &a.Function}, nil
 }

@@ -5,7 +5,8 @@ import (
 	"encoding/xml"
 	"testing"
 
-	"libvirt.org/go/libvirtxml"
+	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 // One encoder for all hostdevs of a call writes what a separate
@@ -14,16 +15,16 @@ func TestMarshallerMatchesMarshalIndent(t *testing.T) {
 	t.Parallel()
 	var hs []hostdev
 	for i, bdf := range []string{"0000:3b:02.0", "0000:3b:02.1", "0000:af:1f.7"} {
-		src, err := parsePCI(bdf)
+		src, err := pciaddr.Parse(bdf)
 		if err != nil {
 			t.Fatal(err)
 		}
-		el := &libvirtxml.DomainHostdev{Managed: "no", SubsysPCI: &libvirtxml.DomainHostdevSubsysPCI{
-			Source: &libvirtxml.DomainHostdevSubsysPCISource{Address: src}}, Alias: &libvirtxml.DomainAlias{Name: Alias("n")}}
+		spec := vfhostdev.Spec{Interface: "n", Source: src}
 		if i == 1 {
-			el.Boot = &libvirtxml.DomainDeviceBoot{Order: 2}
-			el.Address = &libvirtxml.DomainAddress{PCI: src}
+			spec.BootOrder = new(uint(2))
+			spec.Guest = &src
 		}
+		el := spec.Element()
 		hs = append(hs, hostdev{alias: el.Alias.Name, el: el})
 	}
 	for _, unit := range []string{"\t", "  "} {

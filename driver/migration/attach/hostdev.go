@@ -10,15 +10,16 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/vfnet-io/vfnet/pkg/hostdev"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 )
 
 // AliasPrefix is the alias prefix KubeVirt uses for SR-IOV hostdevs; the
 // source launcher detaches every hostdev with it before migrating.
-const AliasPrefix = "ua-sriov-"
+const AliasPrefix = hostdev.AliasPrefix
 
 // Alias returns the libvirt alias of the hostdev for a VMI interface.
-func Alias(iface string) string { return AliasPrefix + iface }
+func Alias(iface string) string { return hostdev.Alias(iface) }
 
 // PCIAddress is a PCI domain:bus:slot.function.
 type PCIAddress = pciaddr.Address
@@ -33,53 +34,9 @@ func ParsePCIAddress(s string) (PCIAddress, error) {
 	return a, nil
 }
 
-// Hostdev is one VF to attach for one VMI interface.
-type Hostdev struct {
-	// Interface is the VMI interface name; the alias is ua-sriov-<Interface>.
-	Interface string
-	// Source is the host VF, already bound to vfio-pci.
-	Source PCIAddress
-	// Guest is the guest PCI address (VMI interface pciAddress), if set.
-	Guest *PCIAddress
-	// BootOrder is the VMI interface bootOrder, if set.
-	BootOrder *uint
-}
-
-// XML renders the hostdev exactly as KubeVirt writes an SR-IOV VF
-// (contract §4): managed='no', source address, alias, optional guest address
-// and boot order. A hostdev carries no MAC: the driver set it on the PF.
-func (h Hostdev) XML() (string, error) {
-	if h.Interface == "" {
-		return "", fmt.Errorf("hostdev for VF %s: interface name is empty", h.Source)
-	}
-	u := func(v uint) *uint { return &v }
-	hd := libvirtxml.DomainHostdev{
-		Managed: "no",
-		SubsysPCI: &libvirtxml.DomainHostdevSubsysPCI{
-			Source: &libvirtxml.DomainHostdevSubsysPCISource{
-				Address: &libvirtxml.DomainAddressPCI{
-					Domain: u(h.Source.Domain), Bus: u(h.Source.Bus),
-					Slot: u(h.Source.Slot), Function: u(h.Source.Function),
-				},
-			},
-		},
-		Alias: &libvirtxml.DomainAlias{Name: Alias(h.Interface)},
-	}
-	if h.Guest != nil {
-		hd.Address = &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{
-			Domain: u(h.Guest.Domain), Bus: u(h.Guest.Bus),
-			Slot: u(h.Guest.Slot), Function: u(h.Guest.Function),
-		}}
-	}
-	if h.BootOrder != nil {
-		hd.Boot = &libvirtxml.DomainDeviceBoot{Order: *h.BootOrder}
-	}
-	s, err := hd.Marshal()
-	if err != nil {
-		return "", fmt.Errorf("render hostdev for interface %q (VF %s): %w", h.Interface, h.Source, err)
-	}
-	return s, nil
-}
+// Hostdev is one VF to attach for one VMI interface; its XML is the same
+// <hostdev> the vfnet binding writes at VM start.
+type Hostdev = hostdev.Spec
 
 // liveDomain is what the attach logic needs from a domain's live XML.
 type liveDomain struct {
