@@ -31,7 +31,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,6 +41,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
 // Options configure Start. The zero value is usable.
@@ -111,9 +112,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	} else if err := checkBinaries(opts.BinDir); err != nil {
 		return nil, err
 	}
-	removeStaleDirs(logger)
-
-	dir, err := os.MkdirTemp("", dirPrefix)
+	dir, err := ownerdir.Make(logger, dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create control-plane temp dir: %w", err)
 	}
@@ -125,9 +124,6 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 			}
 		}
 	}()
-	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		return nil, fmt.Errorf("write owner pid: %w", err)
-	}
 	if opts.HandleSignals {
 		p.handleSignals(logger)
 	}
@@ -512,26 +508,6 @@ func writeServiceAccountKeys(dir string) (keyFile, pubFile string, err error) {
 		return "", "", fmt.Errorf("write %s: %w", pubFile, err)
 	}
 	return keyFile, pubFile, nil
-}
-
-// removeStaleDirs deletes directories of planes whose owner process is gone
-// (a test binary killed with SIGKILL cannot clean up after itself).
-func removeStaleDirs(logger klog.Logger) {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		data, err := os.ReadFile(filepath.Join(d, "owner.pid"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			logger.Info("Removing stale control-plane dir", "dir", d, "ownerPID", pid)
-			_ = os.RemoveAll(d)
-		}
-	}
 }
 
 func tail(path string, n int) string {

@@ -14,10 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
 // Names the manifests define (manifests/).
@@ -228,23 +227,9 @@ const workDirPrefix = "vfe-"
 // below it stay far under 108 bytes) and removes directories of earlier runs
 // whose process died without cleaning up (a test binary killed on timeout).
 func WorkDir() (string, error) {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), workDirPrefix+"*"))
-	for _, d := range dirs {
-		data, err := os.ReadFile(filepath.Join(d, "owner.pid"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err == nil && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH {
-			_ = os.RemoveAll(d)
-		}
-	}
-	dir, err := os.MkdirTemp("", workDirPrefix)
+	dir, err := ownerdir.Make(klog.Background(), workDirPrefix)
 	if err != nil {
 		return "", fmt.Errorf("create work dir: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		return "", err
 	}
 	return dir, nil
 }
