@@ -4,7 +4,9 @@ SHELL := /usr/bin/env bash
 GO ?= go
 CACHE ?= $(CURDIR)/.cache
 export VFNET_CACHE := $(CACHE)
-GOTEST_FLAGS ?= -race -timeout 40m
+# -count=1: several tests build and run the real binaries, which Go's test
+# cache cannot see, so a cached pass could hide a broken binary.
+GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 
 .PHONY: all build test unit kubevirt-tests lint deps k8s-bin demo generate verify-generate images bench clean
 
@@ -30,7 +32,7 @@ unit:
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test $(GOTEST_FLAGS) ./...
 
 kubevirt-tests:
-	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -timeout 30m ./...
+	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -count=1 -timeout 30m ./...
 
 test: deps k8s-bin lint verify-generate unit kubevirt-tests
 
