@@ -79,6 +79,7 @@ func (a *Attacher) Attach(ctx context.Context, req Request) (Result, error) {
 	defer cancel()
 	delay := initial
 	var res Result
+	var cause error
 	for attempt := 1; ; attempt++ {
 		r, err := a.AttachOnce(ctx, req)
 		r.Attempts = attempt
@@ -89,12 +90,17 @@ func (a *Attacher) Attach(ctx context.Context, req Request) (Result, error) {
 		if permanent(err) {
 			return res, &GaveUpError{Attempts: attempt, Elapsed: time.Since(start), Permanent: true, Err: err}
 		}
+		// An attempt cut short by the deadline only says "interrupted"; the
+		// attempt before it names what kept the launcher from being ready.
+		if cause == nil || ctx.Err() == nil {
+			cause = err
+		}
 		logger.V(3).Info("Launcher not ready for attach, retrying", "attempt", attempt, "in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return res, &GaveUpError{Attempts: attempt, Elapsed: time.Since(start), Err: err}
+			return res, &GaveUpError{Attempts: attempt, Elapsed: time.Since(start), Err: cause}
 		case <-t.C:
 		}
 		delay = min(2*delay, maxB)

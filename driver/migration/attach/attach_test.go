@@ -316,8 +316,10 @@ func TestAttachFailsWhenMemlockCannotBeRaised(t *testing.T) {
 	t.Parallel()
 	pods := podsDir(t)
 	srv := startLauncher(t, pods)
+	// The deadline leaves room for several complete attempts on a loaded
+	// machine; the one it cuts short must not hide their cause.
 	a := &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: &fakeMemlock{err: errors.New("operation not permitted")},
-		PodsDir: pods, InitialBackoff: time.Millisecond, Timeout: 50 * time.Millisecond}
+		PodsDir: pods, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, Timeout: 500 * time.Millisecond}
 	_, err := a.Attach(context.Background(), attach.Request{PodUID: podUID, Domain: testDomain,
 		Hostdevs: []attach.Hostdev{{Interface: "dra-net", Source: mustPCI(t, "0000:3b:02.1")}}})
 	if err == nil || !strings.Contains(err.Error(), "operation not permitted") {
