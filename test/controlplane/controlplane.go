@@ -315,16 +315,6 @@ func (p *Plane) Stop() error {
 	return p.stopErr
 }
 
-// Logs returns the last n bytes of a component's log ("kube-apiserver", ...).
-func (p *Plane) Logs(name string, n int) string {
-	for _, pr := range p.procs {
-		if pr.name == name {
-			return tail(pr.log, n)
-		}
-	}
-	return ""
-}
-
 func (p *Plane) spawn(name, bin string, args ...string) error {
 	logPath := filepath.Join(p.Dir, name+".log")
 	f, err := os.Create(logPath)

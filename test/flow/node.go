@@ -342,21 +342,6 @@ func (n *Node) DriverLog(max int) string {
 	return string(data)
 }
 
-// DriverRunning reports whether the driver process is alive.
-func (n *Node) DriverRunning() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.driver == nil {
-		return false
-	}
-	select {
-	case <-n.drvDone:
-		return false
-	default:
-		return true
-	}
-}
-
 // Close stops the driver and the kubelet stand-in.
 func (n *Node) Close() error {
 	err := n.StopDriver(false)
