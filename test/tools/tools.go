@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the control-plane commands the end-to-end harness builds.
+// Package tools pins the control-plane commands and the kubelet the end-to-end and
+// real-node harnesses build.
 package tools
 
 import (
@@ -9,4 +10,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
