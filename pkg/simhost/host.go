@@ -93,7 +93,8 @@ func stampOf(p string) fileStamp {
 
 func (h *Host) statePath() string { return filepath.Join(h.t.root, stateDir, "host.json") }
 
-// reloadState picks up new_id changes another process saved.
+// reloadState picks up new_id changes and netdev renames another process
+// saved.
 func (h *Host) reloadState() {
 	if h.stamp == (fileStamp{}) || stampOf(h.statePath()) == h.stamp {
 		return
@@ -107,6 +108,7 @@ func (h *Host) reloadState() {
 		return
 	}
 	h.st.DynIDs = st.DynIDs
+	h.st.Spec.PFs = st.Spec.PFs // netdev renames
 	h.index()
 	h.stamp = stampOf(h.statePath())
 }
@@ -430,6 +432,8 @@ func validateSpec(s *Spec) error {
 // binds it.
 type netInfo struct {
 	name, linkType, operState, mac string
+	// physPortName and switchID are written when set (devlink port).
+	physPortName, switchID string
 }
 
 // vfOf returns the PF spec and index of a VF address, or nil.
@@ -450,16 +454,20 @@ func (h *Host) vfOf(bdf string) (*PFSpec, int) {
 
 func (h *Host) netInfoFor(bdf string) netInfo {
 	if f, ok := h.funcs[bdf]; ok {
-		return netInfo{f.NetDev, f.LinkType, f.OperState, f.MAC}
+		ni := netInfo{name: f.NetDev, linkType: f.LinkType, operState: f.OperState, mac: f.MAC, physPortName: f.PhysPortName}
+		if f.PhysPortName != "" {
+			ni.switchID = switchID(bdf)
+		}
+		return ni
 	}
 	if pf, i := h.vfOf(bdf); pf != nil {
 		mac := derivedMAC(bdf, 0x00)
 		if st, ok := h.links.peek(pf.NetDev, i); ok && st.MAC != nil && !isZeroMAC(st.MAC) {
 			mac = st.MAC.String()
 		}
-		return netInfo{vfNetDev(pf.NetDev, i), pf.LinkType, "down", mac}
+		return netInfo{name: vfNetDev(pf.NetDev, i), linkType: pf.LinkType, operState: "down", mac: mac}
 	}
-	return netInfo{pathName(bdf, sysfs.LinkTypeEthernet), sysfs.LinkTypeEthernet, "down", derivedMAC(bdf, 0x01)}
+	return netInfo{name: pathName(bdf, sysfs.LinkTypeEthernet), linkType: sysfs.LinkTypeEthernet, operState: "down", mac: derivedMAC(bdf, 0x01)}
 }
 
 // build lays out the whole tree from the spec.
@@ -502,6 +510,7 @@ func (h *Host) build() error {
 	if !s.NoVFIOPCI {
 		drivers[DriverVFIOPCI] = true
 	}
+	drivers[driverPCIePort] = true
 	for d := range drivers {
 		if err := h.createDriver(d); err != nil {
 			return err
@@ -552,18 +561,31 @@ func (h *Host) build() error {
 	}
 	// Root ports, in address order so group numbers are stable.
 	ports := map[string]int{}
+	noACS := map[string]bool{}
 	for _, f := range h.funcs {
 		if _, ok := ports[f.RootPort]; !ok || f.NUMANode > ports[f.RootPort] {
 			ports[f.RootPort] = f.NUMANode
 		}
+		if f.NoACS {
+			noACS[f.RootPort] = true
+		}
 	}
+	portGroup := map[string]int{}
 	for _, rp := range sortedKeys(ports) {
 		rc := "devices/" + rootComplex(rp)
 		if err := t.mkdir(rc); err != nil {
 			return err
 		}
 		fr := fnRec{bdf: rp, dir: rc + "/" + rp, vendor: "8086", device: "2030", class: "0x060400", numa: ports[rp], group: group()}
+		portGroup[rp] = fr.group
 		if err := h.createFunction(fr); err != nil {
+			return err
+		}
+		// A root port is bound to pcieport, which vfio tolerates in a group.
+		if err := h.t.link(fr.dir+"/driver", pciDrivers+"/"+driverPCIePort); err != nil {
+			return err
+		}
+		if err := h.t.link(pciDrivers+"/"+driverPCIePort+"/"+rp, fr.dir); err != nil {
 			return err
 		}
 	}
@@ -573,7 +595,12 @@ func (h *Host) build() error {
 	for _, bdf := range all {
 		f := h.funcs[bdf]
 		fr := fnRec{bdf: bdf, dir: "devices/" + rootComplex(f.RootPort) + "/" + f.RootPort + "/" + bdf,
-			vendor: f.VendorID, device: f.DeviceID, class: "0x020000", numa: f.NUMANode, noNUMA: f.NoNUMAFile, group: group()}
+			vendor: f.VendorID, device: f.DeviceID, class: "0x020000", numa: f.NUMANode, noNUMA: f.NoNUMAFile}
+		if g, ok := portGroup[f.RootPort]; ok && noACS[f.RootPort] && g >= 0 {
+			fr.group, fr.shared = g, true
+		} else {
+			fr.group = group()
+		}
 		if f.LinkType == sysfs.LinkTypeInfiniband {
 			fr.class = "0x020700"
 		}
@@ -598,7 +625,7 @@ func (h *Host) build() error {
 		}
 		if pf := h.pfs[bdf]; pf != nil && pf.NumVFs > 0 {
 			base := nextGroup
-			if !s.NoIOMMU {
+			if !s.NoIOMMU && !pf.NoACS {
 				nextGroup += pf.NumVFs
 			}
 			vfJobs = append(vfJobs, vfJob{pf, fr.dir, base})
@@ -664,6 +691,7 @@ type fnRec struct {
 	numa                  int
 	noNUMA                bool
 	group                 int // -1: none
+	shared                bool
 	physfn                string
 }
 
@@ -695,7 +723,7 @@ func (h *Host) createFunction(f fnRec) error {
 		}
 	}
 	if f.group >= 0 {
-		if err := h.joinGroup(f.group, f.bdf, f.dir, false, true); err != nil {
+		if err := h.joinGroup(f.group, f.bdf, f.dir, false, !f.shared); err != nil {
 			return err
 		}
 	}
@@ -740,13 +768,26 @@ func (h *Host) enableVFs(pf *PFSpec, pfDir string, n int, nextGroup func() int, 
 	if v, err := h.t.read(pfDir + "/sriov_drivers_autoprobe"); err == nil && v == "0" {
 		autoprobe = false
 	}
+	// Without ACS above the PF, VFs join the group of the PF (and its root
+	// port) instead of getting their own.
+	shared := -1
+	if pf.NoACS && !h.st.Spec.NoIOMMU {
+		if g, err := h.t.readlink(pfDir + "/iommu_group"); err == nil {
+			shared, _ = strconv.Atoi(path.Base(g))
+		}
+	}
 	for i := 0; i < n; i++ {
 		bdf, err := vfAddress(pf.Address, pf.VFOffset, pf.VFStride, i)
 		if err != nil {
 			return err
 		}
 		fr := fnRec{bdf: bdf, dir: parent + "/" + bdf, vendor: pf.VendorID, device: pf.VFDeviceID, class: "0x020000",
-			numa: pf.NUMANode, noNUMA: pf.NoNUMAFile, group: nextGroup(), physfn: pfDir}
+			numa: pf.NUMANode, noNUMA: pf.NoNUMAFile, physfn: pfDir}
+		if shared >= 0 {
+			fr.group, fr.shared = shared, true
+		} else {
+			fr.group = nextGroup()
+		}
 		if err := h.createFunction(fr); err != nil {
 			return err
 		}
@@ -772,8 +813,73 @@ func (h *Host) enableVFs(pf *PFSpec, pfDir string, n int, nextGroup func() int, 
 				return fmt.Errorf("bind VF %s to %s: %w", bdf, drv, err)
 			}
 		}
+		if err := h.createRepresentor(pf, pfDir, i); err != nil {
+			return err
+		}
 	}
 	return h.t.write(pfDir+"/sriov_numvfs", strconv.Itoa(n)+"\n", 0o644)
+}
+
+// driverPCIePort is the port service driver bridges are bound to.
+const driverPCIePort = "pcieport"
+
+// switchID is the phys_switch_id a NIC's ports share (mlx5: the system
+// image GUID), derived here from the PF's slot.
+func switchID(bdf string) string {
+	dom, rid, _ := parseBDF(bdf)
+	return fmt.Sprintf("%s%04x%08x", dom, rid>>3, 0xc0ffee)
+}
+
+// representorName is what NVIDIA's udev rule names VF i's representor:
+// the uplink's name without its np<N> suffix, then _<i>.
+func representorName(pfNetDev string, i int) string {
+	base := pfNetDev
+	if k := strings.LastIndex(base, "np"); k > 0 && isDigits(base[k+2:]) {
+		base = base[:k]
+	}
+	return base + "_" + strconv.Itoa(i)
+}
+
+func isDigits(s string) bool {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// createRepresentor adds VF i's representor under a switchdev PF, as the
+// PF driver does when a VF is created in switchdev mode (nothing for a
+// legacy PF or a PF without its driver).
+func (h *Host) createRepresentor(pf *PFSpec, pfDir string, i int) error {
+	if !pf.Switchdev || !h.t.exists(pfDir+"/driver") {
+		return nil
+	}
+	ni := netInfo{name: representorName(pf.NetDev, i), linkType: sysfs.LinkTypeEthernet, operState: "up",
+		mac: derivedMAC(pf.Address, byte(0x80+i)), physPortName: fmt.Sprintf("pf%svf%d", pf.Address[len(pf.Address)-1:], i),
+		switchID: switchID(pf.Address)}
+	return h.createNetdev(pfDir, ni)
+}
+
+// removeRepresentors drops the VF representors of a PF (SR-IOV disable).
+func (h *Host) removeRepresentors(pf *PFSpec, pfDir string) error {
+	if !pf.Switchdev {
+		return nil
+	}
+	for i := 0; i < pf.TotalVFs; i++ {
+		name := representorName(pf.NetDev, i)
+		if !h.t.exists(pfDir + "/net/" + name) {
+			continue
+		}
+		if err := h.t.remove(classNet + "/" + name); err != nil {
+			return err
+		}
+		if err := h.t.removeAll(pfDir + "/net/" + name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // matchDriver returns the loaded driver the kernel would pick for a device:
@@ -835,9 +941,16 @@ func (h *Host) createNetdev(dir string, ni netInfo) error {
 	if err := t.mkdir(nd); err != nil {
 		return err
 	}
-	for _, a := range []struct{ name, content string }{
+	attrs := []struct{ name, content string }{
 		{"address", ni.mac}, {"type", arphrd(ni.linkType)}, {"operstate", ni.operState},
-	} {
+	}
+	if ni.physPortName != "" {
+		attrs = append(attrs, struct{ name, content string }{"phys_port_name", ni.physPortName})
+	}
+	if ni.switchID != "" {
+		attrs = append(attrs, struct{ name, content string }{"phys_switch_id", ni.switchID})
+	}
+	for _, a := range attrs {
 		if err := t.write(nd+"/"+a.name, a.content+"\n", 0o444); err != nil {
 			return err
 		}
@@ -960,4 +1073,91 @@ func (h *Host) usedGroups() (map[int]bool, error) {
 		}
 	}
 	return used, nil
+}
+
+// RenameNetdev renames a netdev the way `ip link set <old> name <new>`
+// does: the kernel refuses while the interface is up (dev_change_name:
+// EBUSY), the device keeps everything else, and a PF keeps its VFs'
+// settings (they live in the PF driver, not under the name).
+func (h *Host) RenameNetdev(old, new string) error {
+	unlock := h.lock()
+	defer unlock()
+	fail := func(err error) error { return fmt.Errorf("rename netdev %s to %s: %w", old, new, err) }
+	if new == "" || len(new) > 15 || strings.ContainsAny(new, "/: ") {
+		return fail(syscall.EINVAL)
+	}
+	nd, err := h.t.readlink(classNet + "/" + old)
+	if err != nil || !h.t.exists(nd) {
+		return fail(syscall.ENODEV)
+	}
+	if h.t.exists(classNet + "/" + new) {
+		return fail(syscall.EEXIST)
+	}
+	if st, _ := h.t.read(nd + "/operstate"); st == "up" {
+		return fail(syscall.EBUSY)
+	}
+	devDir := nd[:strings.LastIndex(nd, "/net/")]
+	newND := devDir + "/net/" + new
+	if err := os.Rename(h.t.abs(nd), h.t.abs(newND)); err != nil {
+		return fail(err)
+	}
+	if err := h.t.remove(classNet + "/" + old); err != nil {
+		return fail(err)
+	}
+	if err := h.t.link(classNet+"/"+new, newND); err != nil {
+		return fail(err)
+	}
+	for _, pf := range h.pfs {
+		if pf.NetDev != old {
+			continue
+		}
+		// The simulated VF settings are keyed by PF name: move them along.
+		m, err := h.links.load()
+		if err != nil {
+			return fail(err)
+		}
+		for k, v := range m {
+			if strings.HasPrefix(k, old+"/") {
+				delete(m, k)
+				m[new+k[len(old):]] = v
+			}
+		}
+		if err := h.links.save(m); err != nil {
+			return fail(err)
+		}
+		pf.NetDev = new
+		if err := h.saveState(); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// ProcRoot is the simulated /proc next to the sysfs root: HoldVFIOGroup
+// puts the processes there that hold /dev/vfio nodes open. Pass it as
+// --proc-root.
+func (h *Host) ProcRoot() string { return filepath.Join(filepath.Dir(h.t.root), "proc") }
+
+// HoldVFIOGroup makes process pid (named comm) hold the VFIO group node
+// /dev/vfio/<node> open, as QEMU, a DPDK application or another device
+// plugin's consumer does: <proc root>/<pid>/fd/<n> links to the node, as
+// /proc shows an open file. release closes it.
+func (h *Host) HoldVFIOGroup(node string, pid int, comm string) (release func() error, err error) {
+	devNode := filepath.Join(h.devRoot, "vfio", node)
+	if _, err := os.Stat(devNode); err != nil {
+		return nil, fmt.Errorf("hold VFIO group node: %w", err)
+	}
+	dir := filepath.Join(h.ProcRoot(), strconv.Itoa(pid))
+	if err := os.MkdirAll(filepath.Join(dir, "fd"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "comm"), []byte(comm+"\n"), 0o444); err != nil {
+		return nil, err
+	}
+	ents, _ := os.ReadDir(filepath.Join(dir, "fd"))
+	fd := filepath.Join(dir, "fd", strconv.Itoa(len(ents)+3))
+	if err := os.Symlink(devNode, fd); err != nil {
+		return nil, err
+	}
+	return func() error { return os.Remove(fd) }, nil
 }

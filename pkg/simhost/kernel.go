@@ -514,6 +514,9 @@ func (h *Host) disableVFs(pf *PFSpec, pfDir string) error {
 			return err
 		}
 	}
+	if err := h.removeRepresentors(pf, pfDir); err != nil {
+		return err
+	}
 	if err := h.links.forgetPF(pf.NetDev); err != nil {
 		return err
 	}

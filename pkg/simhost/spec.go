@@ -54,6 +54,15 @@ type FunctionSpec struct {
 	NUMANode int `json:"numaNode"`
 	// NoNUMAFile omits numa_node, as a kernel built without CONFIG_NUMA does.
 	NoNUMAFile bool `json:"noNUMAFile,omitempty"`
+	// NoACS: the root port above this function has no ACS. The kernel then
+	// cannot isolate the devices below it (pci_device_group walks up to the
+	// first bridge with ACS), so the root port, every function under it
+	// and all their VFs share the root port's IOMMU group.
+	NoACS bool `json:"noACS,omitempty"`
+	// PhysPortName is the netdev's phys_port_name as a devlink port of
+	// flavour physical shows it ("p0"); "" leaves the file out, as for
+	// drivers without a devlink port (igb, i40e), where reading it fails.
+	PhysPortName string `json:"physPortName,omitempty"`
 }
 
 // PFSpec is an SR-IOV physical function.
@@ -73,6 +82,14 @@ type PFSpec struct {
 	// VFDrivers overrides the build-time driver per VF index; "" leaves the
 	// VF unbound, "vfio-pci" binds it to vfio-pci (driver_override set too).
 	VFDrivers map[int]string `json:"vfDrivers,omitempty"`
+	// Switchdev puts the PF's e-switch in switchdev mode: every VF gets a
+	// representor netdev under the PF's own device (mlx5 and ice parent
+	// representors to the PF's PCI device), with phys_port_name
+	// pf<PCI function>vf<index> and the uplink's phys_switch_id. They are
+	// named <PF netdev without its "np<N>" suffix>_<index>, as the udev rule
+	// in NVIDIA's switchdev documentation renames them (ens8f0_3), which
+	// sorts before the uplink ens8f0np0.
+	Switchdev bool `json:"switchdev,omitempty"`
 }
 
 // The PCI IDs and drivers of the modelled NICs.
@@ -113,7 +130,9 @@ func E810PF(addr, netdev string, numVFs int) PFSpec {
 func ConnectX6DxPF(addr, netdev string, numVFs int) PFSpec {
 	return PFSpec{
 		FunctionSpec: FunctionSpec{Address: addr, RootPort: rootPortFor(addr), VendorID: VendorMellanox, DeviceID: DeviceCX6Dx,
-			Driver: DriverMLX5, NetDev: netdev},
+			// mlx5 registers the uplink as a devlink port of flavour
+			// physical numbered by PCI function: phys_port_name p<fn>.
+			Driver: DriverMLX5, NetDev: netdev, PhysPortName: "p" + addr[len(addr)-1:]},
 		TotalVFs: 127, NumVFs: numVFs, VFOffset: 2, VFDeviceID: DeviceCX6DxVF, VFDriver: DriverMLX5,
 	}
 }
@@ -206,6 +225,36 @@ func LargeHost() Spec {
 	return Spec{PFs: pfs, NUMANodes: 2}
 }
 
+// NoACSHost is E810Host behind a root port without ACS (0000:3a:00.0): the
+// root port, both PFs and all their VFs share one IOMMU group, so no VF can
+// be given to a VM on its own.
+func NoACSHost() Spec {
+	s := E810Host()
+	for i := range s.PFs {
+		s.PFs[i].NoACS = true
+	}
+	return s
+}
+
+// SwitchdevHost is a dual-port ConnectX-6 Dx (as ConnectX6DxHost) whose
+// port 0 (ens8f0np0) runs its e-switch in switchdev mode: VF representors
+// ens8f0_0..3 sit next to the uplink under the PF. Port 1 stays legacy.
+func SwitchdevHost() Spec {
+	s := ConnectX6DxHost()
+	s.PFs[0].Switchdev = true
+	return s
+}
+
+// NoNUMAHost is E810Host on a kernel built without CONFIG_NUMA: no
+// function has a numa_node file.
+func NoNUMAHost() Spec {
+	s := E810Host()
+	for i := range s.PFs {
+		s.PFs[i].NoNUMAFile = true
+	}
+	return s
+}
+
 // NoIOMMUHost is E810Host on a machine without IOMMU (vfio noiommu mode).
 func NoIOMMUHost() Spec {
 	s := E810Host()
@@ -238,6 +287,9 @@ var fixtures = map[string]func() Spec{
 	"mixed":      MixedHost,
 	"infiniband": InfinibandHost,
 	"noiommu":    NoIOMMUHost,
+	"noacs":      NoACSHost,
+	"switchdev":  SwitchdevHost,
+	"nonuma":     NoNUMAHost,
 	"large":      LargeHost,
 }
 

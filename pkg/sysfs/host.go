@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -117,7 +118,7 @@ func (h *Host) Function(bdf string) (Function, error) {
 	if !ValidBDF(bdf) {
 		return Function{}, fmt.Errorf("PCI address %q: want the lower-case form 0000:3b:02.1", bdf)
 	}
-	s := newScanner(h, logr.Discard())
+	s := newScanner(h, logr.Discard(), nil)
 	real, err := s.resolveDevice(bdf)
 	if err != nil {
 		return Function{}, err
@@ -134,32 +135,55 @@ func (h *Host) Function(bdf string) (Function, error) {
 	return fn, nil
 }
 
+// Skip is a function discovery left out: the sysfs path at fault and why.
+type Skip struct {
+	Path   string
+	Reason string
+}
+
+// Report is the outcome of DiscoverReport.
+type Report struct {
+	// PFs as Discover returns them.
+	PFs []PF
+	// Skipped lists every function left out because its sysfs entries are
+	// broken, sorted by path (Discover only logs them).
+	Skipped []Skip
+}
+
 // Discover returns every SR-IOV PF (sriov_totalvfs > 0) with its VFs, sorted
 // by address. Functions whose sysfs entries are broken are skipped and
 // logged; only an unreadable bus/pci/devices fails the call.
 func (h *Host) Discover(ctx context.Context) ([]PF, error) {
+	r, err := h.DiscoverReport(ctx)
+	return r.PFs, err
+}
+
+// DiscoverReport is Discover that also returns the skipped functions, for
+// `vfnet-driver inspect`.
+func (h *Host) DiscoverReport(ctx context.Context) (Report, error) {
 	logger := klog.FromContext(ctx)
 	devDir := filepath.Join(h.root, PCIDevicesDir)
 	names, err := readDirNames(devDir)
 	if err != nil {
-		return nil, fmt.Errorf("list PCI functions in %s (check --sysfs-root): %w", devDir, err)
+		return Report{}, fmt.Errorf("list PCI functions in %s (check --sysfs-root): %w", devDir, err)
 	}
 	slices.Sort(names)
 	// Phase 1, sequential: find the PFs and their virtfn links. A VF's
 	// routing ID is its PF's plus a non-zero offset, so in address order
 	// every PF comes before its VFs and those entries need no probing.
-	s := newScanner(h, logger)
+	skips := &skipList{}
+	s := newScanner(h, logger, skips)
 	var jobs []*pfJob
 	isVF := map[string]bool{}
 	for _, bdf := range names {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return Report{}, err
 		}
 		if isVF[bdf] {
 			continue
 		}
 		if !ValidBDF(bdf) {
-			logger.Info("Skipping PCI function: entry name is not a PCI address", "path", filepath.Join(devDir, bdf))
+			s.skipWhy(filepath.Join(devDir, bdf), "entry name is not a PCI address", nil)
 			continue
 		}
 		totalPath := filepath.Join(devDir, bdf, "sriov_totalvfs")
@@ -167,7 +191,7 @@ func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			// Not SR-IOV capable, unless the device link itself is dangling.
 			if _, serr := os.Stat(filepath.Join(devDir, bdf)); serr != nil {
-				logger.Info("Skipping PCI function: broken device link", "path", filepath.Join(devDir, bdf), "err", serr)
+				s.skipWhy(filepath.Join(devDir, bdf), "broken device link", serr)
 			}
 			continue
 		}
@@ -202,7 +226,7 @@ func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ws := newScanner(h, logger)
+			ws := newScanner(h, logger, skips)
 			for job := range next {
 				job.pf, job.err = ws.readPF(job)
 			}
@@ -214,7 +238,7 @@ func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 	close(next)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return Report{}, err
 	}
 	pfs := make([]PF, 0, len(jobs))
 	for _, job := range jobs {
@@ -225,7 +249,14 @@ func (h *Host) Discover(ctx context.Context) ([]PF, error) {
 		pfs = append(pfs, job.pf)
 	}
 	slices.SortFunc(pfs, func(a, b PF) int { return strings.Compare(a.Address, b.Address) })
-	return pfs, nil
+	slices.SortFunc(skips.list, func(a, b Skip) int { return strings.Compare(a.Path, b.Path) })
+	return Report{PFs: pfs, Skipped: skips.list}, nil
+}
+
+// skipList collects the skips of one discovery pass from all workers.
+type skipList struct {
+	mu   sync.Mutex
+	list []Skip
 }
 
 // pfJob is one PF found in phase 1 of Discover.
@@ -283,16 +314,32 @@ func (s *scanner) findVFs(bdf string, total int) (*pfJob, error) {
 type scanner struct {
 	h      *Host
 	log    logr.Logger
+	skips  *skipList       // nil: only log
 	exists map[string]bool // resolved path -> exists
 	groups map[string]bool // kernel/iommu_groups entries, read once
 }
 
-func newScanner(h *Host, log logr.Logger) *scanner {
-	return &scanner{h: h, log: log, exists: map[string]bool{}}
+func newScanner(h *Host, log logr.Logger, skips *skipList) *scanner {
+	return &scanner{h: h, log: log, skips: skips, exists: map[string]bool{}}
 }
 
 func (s *scanner) skip(path string, err error) {
-	s.log.Info("Skipping PCI function: unusable sysfs entry", "path", path, "err", err)
+	s.skipWhy(path, "unusable sysfs entry", err)
+}
+
+// skipWhy logs and records a skipped function.
+func (s *scanner) skipWhy(path, why string, err error) {
+	if err != nil {
+		s.log.Info("Skipping PCI function: "+why, "path", path, "err", err)
+		why += ": " + err.Error()
+	} else {
+		s.log.Info("Skipping PCI function: "+why, "path", path)
+	}
+	if s.skips != nil {
+		s.skips.mu.Lock()
+		s.skips.list = append(s.skips.list, Skip{Path: path, Reason: why})
+		s.skips.mu.Unlock()
+	}
 }
 
 // resolveDevice returns the function's real directory relative to the root,
@@ -353,11 +400,16 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 		return fn, err
 	}
 	v, err := at("numa_node").read()
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// CONFIG_NUMA=n kernels have no numa_node attribute at all.
+		fn.NUMANode = -1
+	case err != nil:
 		return fn, err
-	}
-	if fn.NUMANode, err = strconv.Atoi(v); err != nil || fn.NUMANode < -1 {
-		return fn, fmt.Errorf("%s: want a NUMA node number or -1, got %q", filepath.Join(dir, "numa_node"), v)
+	default:
+		if fn.NUMANode, err = strconv.Atoi(v); err != nil || fn.NUMANode < -1 {
+			return fn, fmt.Errorf("%s: want a NUMA node number or -1, got %q", filepath.Join(dir, "numa_node"), v)
+		}
 	}
 	if fn.Driver, err = s.linkBase(at("driver"), realDir); err != nil {
 		return fn, err
@@ -367,6 +419,11 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 	}
 	if fn.IOMMUGroup != "" && !isDigits(fn.IOMMUGroup) {
 		return fn, fmt.Errorf("%s: IOMMU group %q is not a number", filepath.Join(dir, "iommu_group"), fn.IOMMUGroup)
+	}
+	if fn.IOMMUGroup != "" {
+		if err := s.readGroup(&fn); err != nil {
+			return fn, err
+		}
 	}
 	ov, err := at("driver_override").read()
 	switch {
@@ -383,6 +440,32 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 	slices.Sort(names)
 	fn.NetDevs = names
 	return fn, nil
+}
+
+// readGroup fills the group's name and the other members with their drivers.
+func (s *scanner) readGroup(fn *Function) error {
+	gdir := filepath.Join(s.h.root, IOMMUGroupDir, fn.IOMMUGroup)
+	if name, err := readAttr(filepath.Join(gdir, "name")); err == nil {
+		fn.IOMMUGroupName = name
+	}
+	members, err := readDirNames(filepath.Join(gdir, "devices"))
+	if err != nil {
+		return fmt.Errorf("list IOMMU group %s members: %w", fn.IOMMUGroup, err)
+	}
+	for _, m := range members {
+		if m == fn.Address {
+			continue
+		}
+		p := GroupPeer{Address: m}
+		// Only on hosts without ACS: a peer's driver decides whether the
+		// group can be passed through (a bridge on pcieport can).
+		if t, err := os.Readlink(filepath.Join(gdir, "devices", m, "driver")); err == nil {
+			p.Driver = filepath.Base(t)
+		}
+		fn.IOMMUPeers = append(fn.IOMMUPeers, p)
+	}
+	slices.SortFunc(fn.IOMMUPeers, func(a, b GroupPeer) int { return strings.Compare(a.Address, b.Address) })
+	return nil
 }
 
 // linkBase reads a symlink and returns the basename of its target after
@@ -504,10 +587,9 @@ func (s *scanner) readPF(job *pfJob) (PF, error) {
 	if pf.NumVFs, err = strconv.Atoi(v); err != nil || pf.NumVFs < 0 || pf.NumVFs > job.total {
 		return PF{}, fmt.Errorf("%s: want 0..%d, got %q", numPath, job.total, v)
 	}
-	if len(fn.NetDevs) > 0 {
-		// A PF in switchdev mode also lists representors; the first sorted
-		// name is the uplink on the NICs we model (ens1f0 < eth*, pf0vf*).
-		if pf.LinkType, pf.OperState, err = s.netInfo(fn.NetDevs[0]); err != nil {
+	pf.NetDev, pf.Representors, pf.Switchdev = classifyNetDevs(dir, fn.NetDevs)
+	if pf.NetDev != "" {
+		if pf.LinkType, pf.OperState, err = s.netInfo(pf.NetDev); err != nil {
 			return PF{}, err
 		}
 	}
@@ -547,6 +629,68 @@ func (s *scanner) readVF(pf PF, pfReal string, l vfLink) (VF, error) {
 		return VF{}, err
 	}
 	return VF{Function: fn, Index: l.index, PFAddress: pf.Address}, nil
+}
+
+// representorRE matches the phys_port_name of e-switch representors as
+// devlink names them (net/devlink/port.c): PCI PF "pf0" (or "c1pf0" on an
+// external controller), PCI VF "pf0vf3", PCI SF "pf0sf7". An uplink
+// (flavour physical) shows "p0" (split ports "p0s1"); netdevs of drivers
+// without a devlink port (igb, i40e, ...) have no readable phys_port_name.
+var representorRE = regexp.MustCompile(`^(c[0-9]+)?pf[0-9]+((vf|sf)[0-9]+)?$`)
+
+// vfRepresentorRE matches VF representors only: they exist only in
+// switchdev mode (mlx5 and ice create them on the switch to switchdev).
+var vfRepresentorRE = regexp.MustCompile(`^(c[0-9]+)?pf[0-9]+vf[0-9]+$`)
+
+// physicalPortRE matches the phys_port_name of an uplink port.
+var physicalPortRE = regexp.MustCompile(`^p[0-9]+(s[0-9]+)?$`)
+
+// classifyNetDevs splits the netdevs under a PF's device directory into the
+// uplink and representors by phys_port_name. Representors of mlx5 and ice
+// hang off the PF's PCI device too, so the PF's net/ lists them, and any of
+// them can sort before the uplink.
+func classifyNetDevs(devDir string, names []string) (uplink string, reps []string, switchdev bool) {
+	var plain []string
+	for _, n := range names {
+		ppn, _ := readAttr(filepath.Join(devDir, "net", n, "phys_port_name"))
+		switch {
+		case representorRE.MatchString(ppn):
+			reps = append(reps, n)
+			if vfRepresentorRE.MatchString(ppn) {
+				switchdev = true
+			}
+		case physicalPortRE.MatchString(ppn) && uplink == "":
+			uplink = n
+		default:
+			plain = append(plain, n)
+		}
+	}
+	if uplink == "" && len(plain) > 0 {
+		uplink = plain[0]
+	}
+	return uplink, reps, switchdev
+}
+
+// UplinkOf returns the uplink netdev of the PF at pfBDF as the kernel shows
+// it now (it may have been renamed since discovery), "" when it has none.
+func (h *Host) UplinkOf(pfBDF string) (string, error) {
+	if !ValidBDF(pfBDF) {
+		return "", fmt.Errorf("PCI address %q: want the lower-case form 0000:3b:00.0", pfBDF)
+	}
+	dir := filepath.Join(h.root, PCIDevicesDir, pfBDF)
+	names, err := readDirNames(filepath.Join(dir, "net"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, serr := os.Stat(dir); serr != nil {
+			return "", fmt.Errorf("PF %s: %w", pfBDF, serr)
+		}
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("PF %s: list netdevs: %w", pfBDF, err)
+	}
+	slices.Sort(names)
+	uplink, _, _ := classifyNetDevs(dir, names)
+	return uplink, nil
 }
 
 // netInfo reads class/net/<ifname>/{type,operstate}.

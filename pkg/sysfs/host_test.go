@@ -254,8 +254,9 @@ func TestDiscoverBadSysfs(t *testing.T) {
 		want   map[string][]string // PF -> VFs; missing PF = skipped
 		logged string
 	}{
-		{"VF numa_node missing", remove(vf1 + "/numa_node"), map[string][]string{"0000:3b:00.0": no1, "0000:3b:00.1": all1}, vf1 + "/numa_node"},
-		{"PF numa_node missing", remove(pf0 + "/numa_node"), map[string][]string{"0000:3b:00.1": all1}, pf0 + "/numa_node"},
+		// CONFIG_NUMA=n: no numa_node file is not an error (NUMANode -1).
+		{"VF numa_node missing", remove(vf1 + "/numa_node"), map[string][]string{"0000:3b:00.0": all0, "0000:3b:00.1": all1}, ""},
+		{"PF numa_node missing", remove(pf0 + "/numa_node"), map[string][]string{"0000:3b:00.0": all0, "0000:3b:00.1": all1}, ""},
 		{"VF numa_node garbage", write(vf1+"/numa_node", "zero\n"), map[string][]string{"0000:3b:00.0": no1, "0000:3b:00.1": all1}, vf1 + "/numa_node"},
 		{"VF numa_node below -1", write(vf1+"/numa_node", "-2\n"), map[string][]string{"0000:3b:00.0": no1, "0000:3b:00.1": all1}, vf1 + "/numa_node"},
 		{"VF vendor garbage", write(vf1+"/vendor", "0xzz86\n"), map[string][]string{"0000:3b:00.0": no1, "0000:3b:00.1": all1}, vf1 + "/vendor"},
@@ -292,6 +293,24 @@ func TestDiscoverBadSysfs(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			rep, err := sysfs.New(h.Root()).DiscoverReport(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var skipped []string
+			for _, s := range rep.Skipped {
+				if s.Reason == "" {
+					t.Errorf("skip without a reason: %+v", s)
+				}
+				skipped = append(skipped, s.Path+": "+s.Reason)
+			}
+			if tc.logged != "" && (len(skipped) != 1 || !strings.HasPrefix(skipped[0], filepath.Join(h.Root(), tc.logged))) &&
+				!strings.Contains(strings.Join(skipped, "\n"), filepath.Join(h.Root(), tc.logged)) {
+				t.Errorf("report does not name %s: %q", tc.logged, skipped)
+			}
+			if tc.logged == "" && len(skipped) != 0 {
+				t.Errorf("unexpected skips: %q", skipped)
 			}
 			l := logs()
 			if tc.logged == "" {
@@ -433,5 +452,141 @@ func TestValidBDF(t *testing.T) {
 		if got := sysfs.ValidBDF(s); got != want {
 			t.Errorf("ValidBDF(%q) = %v, want %v", s, got, want)
 		}
+	}
+}
+
+// A kernel built without CONFIG_NUMA has no numa_node files: every
+// function is still found, with NUMANode -1.
+func TestDiscoverWithoutNUMAFiles(t *testing.T) {
+	t.Parallel()
+	h := build(t, simhost.NoNUMAHost())
+	if _, err := os.Stat(filepath.Join(h.Root(), "bus/pci/devices/0000:3b:02.0/numa_node")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("fixture has a numa_node file: %v", err)
+	}
+	rep, err := h.Sysfs().DiscoverReport(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, pf := range rep.PFs {
+		if pf.NUMANode != -1 {
+			t.Errorf("PF %s NUMANode %d, want -1", pf.Address, pf.NUMANode)
+		}
+		for _, vf := range pf.VFs {
+			n++
+			if vf.NUMANode != -1 {
+				t.Errorf("VF %s NUMANode %d, want -1", vf.Address, vf.NUMANode)
+			}
+		}
+	}
+	if n != 8 || len(rep.Skipped) != 0 {
+		t.Fatalf("%d VFs (want 8), skipped %+v", n, rep.Skipped)
+	}
+}
+
+// Behind a root port without ACS every function shares one group; each
+// VF reports the others, with their drivers.
+func TestDiscoverSharedIOMMUGroup(t *testing.T) {
+	t.Parallel()
+	h := build(t, simhost.NoACSHost())
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vf := pfs[0].VFs[1]
+	if vf.IOMMUGroup == "" || vf.IOMMUGroup != pfs[0].IOMMUGroup || vf.IOMMUGroup != pfs[1].VFs[0].IOMMUGroup {
+		t.Fatalf("groups: VF %q PF %q other PF's VF %q, want one shared group", vf.IOMMUGroup, pfs[0].IOMMUGroup, pfs[1].VFs[0].IOMMUGroup)
+	}
+	// Root port + 2 PFs + 8 VFs, minus the VF itself.
+	if len(vf.IOMMUPeers) != 10 {
+		t.Fatalf("peers %+v, want 10", vf.IOMMUPeers)
+	}
+	want := map[string]string{"0000:3a:00.0": "pcieport", "0000:3b:00.0": "ice", "0000:3b:02.0": "iavf"}
+	for _, p := range vf.IOMMUPeers {
+		if d, ok := want[p.Address]; ok && d != p.Driver {
+			t.Errorf("peer %s driver %q, want %q", p.Address, p.Driver, d)
+		}
+		delete(want, p.Address)
+		if p.Address == vf.Address {
+			t.Errorf("VF lists itself as a peer")
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("peers missing: %v", want)
+	}
+	// A host with ACS: VFs are alone in their groups.
+	h2 := build(t, simhost.E810Host())
+	pfs2, err := h2.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := pfs2[0].VFs[1].IOMMUPeers; len(p) != 0 {
+		t.Fatalf("VF with ACS has peers %+v", p)
+	}
+	// VFs created later join the shared group too.
+	if err := h.SetNumVFs("0000:3b:00.1", 2); err != nil {
+		t.Fatal(err)
+	}
+	fn, err := h.Sysfs().Function("0000:3b:12.1")
+	if err != nil || fn.IOMMUGroup != pfs[0].IOMMUGroup {
+		t.Fatalf("new VF group %q (%v), want %s", fn.IOMMUGroup, err, pfs[0].IOMMUGroup)
+	}
+}
+
+// In switchdev mode the PF's net/ also lists VF representors, which can
+// sort before the uplink; the uplink is found by phys_port_name.
+func TestDiscoverSwitchdevUplink(t *testing.T) {
+	t.Parallel()
+	h := build(t, simhost.SwitchdevHost())
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p0, p1 := pfs[0], pfs[1]
+	if p0.NetDevs[0] != "ens8f0_0" {
+		t.Fatalf("fixture: first netdev %q, want a representor sorting first", p0.NetDevs[0])
+	}
+	if p0.NetDev != "ens8f0np0" || !p0.Switchdev || !reflect.DeepEqual(p0.Representors, []string{"ens8f0_0", "ens8f0_1", "ens8f0_2", "ens8f0_3"}) {
+		t.Errorf("switchdev PF: uplink %q switchdev %v representors %v", p0.NetDev, p0.Switchdev, p0.Representors)
+	}
+	if p1.NetDev != "ens8f1np1" || p1.Switchdev || len(p1.Representors) != 0 {
+		t.Errorf("legacy PF: uplink %q switchdev %v representors %v", p1.NetDev, p1.Switchdev, p1.Representors)
+	}
+	if up, err := h.Sysfs().UplinkOf("0000:d8:00.0"); err != nil || up != "ens8f0np0" {
+		t.Errorf("UplinkOf = %q, %v", up, err)
+	}
+	// Disabling SR-IOV removes the representors with the VFs.
+	if err := h.SetNumVFs("0000:d8:00.0", 0); err != nil {
+		t.Fatal(err)
+	}
+	pf, err := h.Sysfs().Function("0000:d8:00.0")
+	if err != nil || !reflect.DeepEqual(pf.NetDevs, []string{"ens8f0np0"}) {
+		t.Errorf("after sriov_numvfs=0: netdevs %v (%v)", pf.NetDevs, err)
+	}
+	// igb has no devlink port (no phys_port_name): its only netdev is the uplink.
+	h3 := build(t, simhost.I350Host())
+	if up, err := h3.Sysfs().UplinkOf("0000:01:00.0"); err != nil || up != "enp1s0f0" {
+		t.Errorf("I350 UplinkOf = %q, %v", up, err)
+	}
+}
+
+// UplinkOf follows a rename of the PF netdev.
+func TestUplinkOfAfterRename(t *testing.T) {
+	t.Parallel()
+	h := build(t, simhost.E810Host())
+	if err := h.RenameNetdev("enp59s0f0", "wan0"); err == nil || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("renaming an up interface: %v, want EBUSY", err)
+	}
+	if err := h.SetOperState("enp59s0f0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RenameNetdev("enp59s0f0", "wan0"); err != nil {
+		t.Fatal(err)
+	}
+	if up, err := h.Sysfs().UplinkOf("0000:3b:00.0"); err != nil || up != "wan0" {
+		t.Fatalf("UplinkOf = %q, %v; want wan0", up, err)
+	}
+	if _, err := h.Sysfs().UplinkOf("0000:3b:09.0"); err == nil {
+		t.Fatal("UplinkOf a missing PF: no error")
 	}
 }

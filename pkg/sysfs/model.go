@@ -7,12 +7,20 @@ type Function struct {
 	// VendorID and DeviceID are four lower-case hex digits without "0x", e.g. "8086".
 	VendorID string
 	DeviceID string
-	// NUMANode is the function's NUMA node, -1 when the kernel reports none.
+	// NUMANode is the function's NUMA node, -1 when the kernel reports none
+	// or has no numa_node file (a kernel built without CONFIG_NUMA).
 	NUMANode int
 	// PCIeRoot is the root complex the function hangs off, e.g. "pci0000:3a".
 	PCIeRoot string
 	// IOMMUGroup is the group number ("42"), "" when the function has no group.
 	IOMMUGroup string
+	// IOMMUGroupName is kernel/iommu_groups/<N>/name when present:
+	// NoIOMMUGroupName for a fake group vfio allocated in noiommu mode.
+	IOMMUGroupName string
+	// IOMMUPeers are the other devices in the function's IOMMU group
+	// (sorted by address); empty when the function is alone in its group,
+	// as it must be for passthrough to one VM.
+	IOMMUPeers []GroupPeer
 	// Driver is the bound kernel driver ("iavf", "vfio-pci"), "" when unbound.
 	Driver string
 	// NetDevs are the netdev names under the function's net/ directory, sorted.
@@ -27,7 +35,20 @@ type PF struct {
 	Function
 	TotalVFs int
 	NumVFs   int
-	// LinkType is "ethernet" or "infiniband" (from class/net/<if>/type), "" without a netdev.
+	// NetDev is the PF's uplink netdev, "" without one. A PF in switchdev
+	// mode also lists its representors under net/; those are in
+	// Representors, not here (see UplinkOf).
+	NetDev string
+	// Representors are the e-switch port representor netdevs under the PF
+	// (phys_port_name pf0vf3, pf0sf1, pf0, c1pf0vf2), sorted.
+	Representors []string
+	// Switchdev is true when the PF shows VF representors (phys_port_name
+	// pf<N>vf<M>): its e-switch runs in switchdev mode, where VF traffic
+	// is steered through the representors and the legacy per-VF knobs
+	// (VLAN, spoof check, trust) do not apply.
+	Switchdev bool
+	// LinkType is "ethernet" or "infiniband" (from class/net/<if>/type of
+	// the uplink), "" without a netdev.
 	LinkType string
 	// OperState is the PF netdev's operstate ("up", "down", ...), "" without a netdev.
 	OperState string
@@ -42,4 +63,11 @@ type VF struct {
 	Index int
 	// PFAddress is the BDF of the parent PF.
 	PFAddress string
+}
+
+// GroupPeer is another device in a function's IOMMU group.
+type GroupPeer struct {
+	Address string
+	// Driver bound to it, "" when none.
+	Driver string
 }
