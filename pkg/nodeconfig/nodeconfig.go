@@ -15,6 +15,16 @@
 //	  deviceID: "1593"
 //	  network: physnet-b
 //	  vfs: [0, "2", "4-7"]    # optional: VF indexes (integers or "N" / "N-M" ranges)
+//	  allowSwitchdev: true    # optional: offer VFs even if the PF's e-switch is in switchdev mode
+//	allowUnsafeNoIOMMU: true  # optional: offer VFs without IOMMU protection (vfio noiommu mode)
+//
+// allowSwitchdev: in switchdev mode VF traffic follows the flows on the VF
+// representors (OVS, TC), and the legacy per-VF knobs vfnet sets through
+// the PF (VLAN, spoof check, trust) do not apply; without the opt-in such a
+// PF's VFs are not offered. allowUnsafeNoIOMMU: with vfio's
+// enable_unsafe_noiommu_mode a VF without an IOMMU group can be bound to
+// vfio-pci, but nothing stops the guest's DMA from reaching host memory;
+// without the opt-in such VFs are not offered.
 //
 // A selector names at least one of pfName, pciAddress, vendorID, deviceID;
 // when it names several, a PF must match all of them. Without vfs, every VF
@@ -58,6 +68,9 @@ type Config struct {
 	// Source names where the configuration came from (the file path), for messages.
 	Source string
 	PFs    []Selector
+	// AllowUnsafeNoIOMMU offers VFs without an IOMMU group when vfio runs
+	// in noiommu mode (no DMA isolation from the host).
+	AllowUnsafeNoIOMMU bool
 }
 
 // Selector selects PFs; every non-empty criterion must match.
@@ -73,6 +86,8 @@ type Selector struct {
 	Network string
 	// VFs lists the VF indexes to expose; nil means all of them.
 	VFs *IndexSet
+	// AllowSwitchdev offers the VFs of a PF whose e-switch is in switchdev mode.
+	AllowSwitchdev bool
 }
 
 // IndexSet is a set of VF indexes built from integers and "N-M" ranges.
@@ -164,7 +179,8 @@ func Parse(data []byte, source string) (*Config, error) {
 		return nil, fmt.Errorf("%s: the document must be a mapping with apiVersion: %s, kind: %s and pfs", source, APIVersion, Kind)
 	}
 	cfg := &Config{Source: source}
-	checkKeys(fe, "", top, "apiVersion", "kind", "pfs")
+	checkKeys(fe, "", top, "apiVersion", "kind", "pfs", "allowUnsafeNoIOMMU")
+	cfg.AllowUnsafeNoIOMMU = boolField(fe, "allowUnsafeNoIOMMU", top)
 	if v, _ := top["apiVersion"].(string); v != APIVersion {
 		fe.add("apiVersion", "got %s, must be %q", describe(top["apiVersion"]), APIVersion)
 	}
@@ -193,7 +209,8 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 		fe.add(path, "got %s, must be a mapping with network and at least one of pfName, pciAddress, vendorID, deviceID", describe(raw))
 		return s
 	}
-	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs")
+	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs", "allowSwitchdev")
+	s.AllowSwitchdev = boolField(fe, path+".allowSwitchdev", m)
 	str := func(key string) (string, bool) {
 		v, present := m[key]
 		if !present {
@@ -306,6 +323,20 @@ func parseVFs(fe *fieldErrors, path string, raw any) *IndexSet {
 	return newIndexSet(ranges)
 }
 
+// boolField reads an optional boolean; the key is the last element of path.
+func boolField(fe *fieldErrors, path string, m map[string]any) bool {
+	key := path[strings.LastIndexByte(path, '.')+1:]
+	v, present := m[key]
+	if !present {
+		return false
+	}
+	b, ok := v.(bool)
+	if !ok {
+		fe.add(path, "got %s, must be true or false", describe(v))
+	}
+	return b
+}
+
 func checkKeys(fe *fieldErrors, prefix string, m map[string]any, allowed ...string) {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -355,17 +386,10 @@ func describe(v any) string {
 
 // Matches reports whether pf satisfies every criterion of s.
 func (s Selector) Matches(pf *sysfs.PF) bool {
-	if s.PFName != "" {
-		found := false
-		for _, n := range pf.NetDevs {
-			if n == s.PFName {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
+	// pfName names the uplink: a representor under a switchdev PF is not
+	// the PF's name.
+	if s.PFName != "" && s.PFName != pf.Uplink() {
+		return false
 	}
 	if s.PCIAddress != "" && s.PCIAddress != pf.Address {
 		return false

@@ -45,6 +45,27 @@ func TestParseValid(t *testing.T) {
 	}
 }
 
+func TestParseOptIns(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse([]byte(header+"allowUnsafeNoIOMMU: true\npfs:\n- pfName: a\n  network: net-a\n  allowSwitchdev: true\n- pfName: b\n  network: net-b\n"), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.AllowUnsafeNoIOMMU || !cfg.PFs[0].AllowSwitchdev || cfg.PFs[1].AllowSwitchdev {
+		t.Fatalf("opt-ins not read: %+v", cfg)
+	}
+}
+
+// pfName matches the uplink, never a representor listed under the PF.
+func TestPFNameMatchesUplinkOnly(t *testing.T) {
+	t.Parallel()
+	pf := sysfs.PF{Function: sysfs.Function{Address: "0000:d8:00.0", NetDevs: []string{"ens8f0_0", "ens8f0np0"}},
+		NetDev: "ens8f0np0", Representors: []string{"ens8f0_0"}, Switchdev: true}
+	if (Selector{PFName: "ens8f0_0"}).Matches(&pf) || !(Selector{PFName: "ens8f0np0"}).Matches(&pf) {
+		t.Fatal("pfName must match the uplink and only the uplink")
+	}
+}
+
 func TestParseEmptySelectsNothing(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{header, header + "pfs: []\n", header + "pfs:\n"} {
@@ -70,29 +91,31 @@ func TestParseErrors(t *testing.T) {
 		"missing header":    {"pfs: []\n", []string{"apiVersion: got nothing, must be \"vfnet.io/v1alpha1\"", "kind: got nothing, must be \"NodeConfig\""}},
 		"wrong apiVersion":  {"apiVersion: v1\nkind: NodeConfig\n", []string{"apiVersion: got \"v1\""}},
 		"wrong kind":        {"apiVersion: vfnet.io/v1alpha1\nkind: VFConfig\n", []string{"kind: got \"VFConfig\""}},
-		"unknown top field": {header + "pf: []\n", []string{"cfg.yaml: pf: unknown field; allowed fields here: apiVersion, kind, pfs"}},
+		"unknown top field": {header + "pf: []\n", []string{"cfg.yaml: pf: unknown field; allowed fields here: apiVersion, kind, pfs, allowUnsafeNoIOMMU"}},
 		"duplicate key":     {header + "kind: NodeConfig\n", []string{"not valid YAML", "kind"}},
 		"pfs not a list":    {header + "pfs: {pfName: a}\n", []string{"pfs: got a mapping, must be a list"}},
 		"selector scalar":   {header + "pfs: [eth0]\n", []string{"pfs[0]: got \"eth0\", must be a mapping"}},
 		"unknown pf field": {header + "pfs:\n- pfName: a\n  network: n\n- pfName: b\n  network: n\n  netwrk: x\n",
-			[]string{"cfg.yaml: pfs[1].netwrk: unknown field; allowed fields here: pfName, pciAddress, vendorID, deviceID, network, vfs"}},
-		"no criterion":      {header + "pfs:\n- network: n\n", []string{"pfs[0]: selects every PF"}},
-		"missing network":   {header + "pfs:\n- pfName: a\n", []string{"pfs[0].network: missing"}},
-		"network not label": {header + "pfs:\n- pfName: a\n  network: Phys_Net\n", []string{"pfs[0].network: \"Phys_Net\" is not a DNS label"}},
-		"network too long":  {header + "pfs:\n- pfName: a\n  network: " + strings.Repeat("a", 64) + "\n", []string{"pfs[0].network", "not a DNS label"}},
-		"network number":    {header + "pfs:\n- pfName: a\n  network: 5\n", []string{"pfs[0].network: got the number 5, must be a string"}},
-		"pfName bad":        {header + "pfs:\n- pfName: a/b\n  network: n\n", []string{"pfs[0].pfName: \"a/b\" is not a network interface name"}},
-		"pfName long":       {header + "pfs:\n- pfName: abcdefghijklmnop\n  network: n\n", []string{"pfs[0].pfName"}},
-		"pciAddress bad":    {header + "pfs:\n- pciAddress: 3b:00.0\n  network: n\n", []string{"pfs[0].pciAddress: \"3b:00.0\" is not a PCI address"}},
-		"vendorID bad":      {header + "pfs:\n- vendorID: intel\n  network: n\n", []string{"pfs[0].vendorID: \"intel\" is not a PCI ID"}},
-		"deviceID number":   {header + "pfs:\n- deviceID: 1593\n  network: n\n", []string{"pfs[0].deviceID: got the number 1593, must be a string"}},
-		"vfs not list":      {header + "pfs:\n- pfName: a\n  network: n\n  vfs: 0-7\n", []string{"pfs[0].vfs: got \"0-7\", must be a list"}},
-		"vfs empty":         {header + "pfs:\n- pfName: a\n  network: n\n  vfs: []\n", []string{"pfs[0].vfs: empty list"}},
-		"vfs negative":      {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [-1]\n", []string{"pfs[0].vfs[0]: \"-1\" is not a VF index"}},
-		"vfs reversed":      {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [1, \"7-4\"]\n", []string{"pfs[0].vfs[1]: \"7-4\" is an empty range"}},
-		"vfs too big":       {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [70000]\n", []string{"pfs[0].vfs[0]: \"70000\" is out of range"}},
-		"vfs float":         {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [1.5]\n", []string{"pfs[0].vfs[0]: \"1.5\" is not a VF index"}},
-		"vfs bool":          {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [true]\n", []string{"pfs[0].vfs[0]: got the boolean true"}},
+			[]string{"cfg.yaml: pfs[1].netwrk: unknown field; allowed fields here: pfName, pciAddress, vendorID, deviceID, network, vfs, allowSwitchdev"}},
+		"no criterion":              {header + "pfs:\n- network: n\n", []string{"pfs[0]: selects every PF"}},
+		"missing network":           {header + "pfs:\n- pfName: a\n", []string{"pfs[0].network: missing"}},
+		"network not label":         {header + "pfs:\n- pfName: a\n  network: Phys_Net\n", []string{"pfs[0].network: \"Phys_Net\" is not a DNS label"}},
+		"network too long":          {header + "pfs:\n- pfName: a\n  network: " + strings.Repeat("a", 64) + "\n", []string{"pfs[0].network", "not a DNS label"}},
+		"network number":            {header + "pfs:\n- pfName: a\n  network: 5\n", []string{"pfs[0].network: got the number 5, must be a string"}},
+		"pfName bad":                {header + "pfs:\n- pfName: a/b\n  network: n\n", []string{"pfs[0].pfName: \"a/b\" is not a network interface name"}},
+		"pfName long":               {header + "pfs:\n- pfName: abcdefghijklmnop\n  network: n\n", []string{"pfs[0].pfName"}},
+		"pciAddress bad":            {header + "pfs:\n- pciAddress: 3b:00.0\n  network: n\n", []string{"pfs[0].pciAddress: \"3b:00.0\" is not a PCI address"}},
+		"vendorID bad":              {header + "pfs:\n- vendorID: intel\n  network: n\n", []string{"pfs[0].vendorID: \"intel\" is not a PCI ID"}},
+		"deviceID number":           {header + "pfs:\n- deviceID: 1593\n  network: n\n", []string{"pfs[0].deviceID: got the number 1593, must be a string"}},
+		"vfs not list":              {header + "pfs:\n- pfName: a\n  network: n\n  vfs: 0-7\n", []string{"pfs[0].vfs: got \"0-7\", must be a list"}},
+		"vfs empty":                 {header + "pfs:\n- pfName: a\n  network: n\n  vfs: []\n", []string{"pfs[0].vfs: empty list"}},
+		"vfs negative":              {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [-1]\n", []string{"pfs[0].vfs[0]: \"-1\" is not a VF index"}},
+		"vfs reversed":              {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [1, \"7-4\"]\n", []string{"pfs[0].vfs[1]: \"7-4\" is an empty range"}},
+		"vfs too big":               {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [70000]\n", []string{"pfs[0].vfs[0]: \"70000\" is out of range"}},
+		"vfs float":                 {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [1.5]\n", []string{"pfs[0].vfs[0]: \"1.5\" is not a VF index"}},
+		"vfs bool":                  {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [true]\n", []string{"pfs[0].vfs[0]: got the boolean true"}},
+		"allowSwitchdev string":     {header + "pfs:\n- pfName: a\n  network: n\n  allowSwitchdev: \"yes\"\n", []string{"cfg.yaml: pfs[0].allowSwitchdev: got \"yes\", must be true or false"}},
+		"allowUnsafeNoIOMMU number": {header + "allowUnsafeNoIOMMU: 1\n", []string{"cfg.yaml: allowUnsafeNoIOMMU: got the number 1, must be true or false"}},
 		"several at once": {header + "pfs:\n- pfName: a\n- pfName: b\n  network: B\n",
 			[]string{"pfs[0].network: missing", "pfs[1].network: \"B\""}},
 	} {

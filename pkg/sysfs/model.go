@@ -71,3 +71,12 @@ type GroupPeer struct {
 	// Driver bound to it, "" when none.
 	Driver string
 }
+
+// Uplink is the PF's uplink netdev: NetDev, or for a PF built by hand
+// without it (tests), its only kind of netdev, the first of NetDevs.
+func (pf *PF) Uplink() string {
+	if pf.NetDev != "" || len(pf.Representors) > 0 || len(pf.NetDevs) == 0 {
+		return pf.NetDev
+	}
+	return pf.NetDevs[0]
+}
