@@ -12,14 +12,29 @@
 //   - PFs without a netdev: VF MAC/VLAN/trust are set through the PF netdev,
 //     so such a VF could not be prepared.
 //   - VFs already bound to vfio-pci that vfnet did not bind itself
-//     (Options.Owned): someone else (DPDK, another device plugin, a VM
-//     outside Kubernetes) is using them. A VF vfnet prepared is bound to
-//     vfio-pci too and stays offered, so allocated devices never vanish
-//     from the slices while in use.
+//     (Options.Owned) while their group node /dev/vfio/<group> is held open
+//     (Options.Holders): someone else (DPDK, a VM outside Kubernetes) is
+//     using them. Nobody holding the node is the normal state of a node
+//     moving from sriov-network-device-plugin with a vfio-pci policy; the
+//     node configuration says vfnet owns the PF, so those VFs are offered
+//     (and prepare records vfio-pci as the driver to restore). A VF vfnet
+//     prepared is bound to vfio-pci too and stays offered, so allocated
+//     devices never vanish from the slices while in use.
+//   - VFs that cannot be given to one VM alone (Problem): an IOMMU group
+//     shared with other devices (no ACS above the NIC: QEMU fails with
+//     "group is not viable", and two VMs would fight over one group node),
+//     or no IOMMU group at all, unless vfio runs in noiommu mode and the
+//     node configuration sets allowUnsafeNoIOMMU.
+//   - VFs of a PF whose e-switch is in switchdev mode, unless its selector
+//     sets allowSwitchdev: VF traffic then follows the representors' flows
+//     and the legacy per-VF settings vfnet applies do not hold.
+//   - VFs of InfiniBand PFs: an IB VF needs node and port GUIDs, which
+//     VFConfig cannot set, so it could not be prepared correctly.
 package discovery
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -88,6 +103,9 @@ type Result struct {
 	// Devices are sorted by PF PCI address, then VF index.
 	Devices []Device
 	Skipped []Skipped
+	// Notes are offered devices worth a remark (e.g. taken over from
+	// vfio-pci), in the same shape as Skipped.
+	Notes []Skipped
 	// Why explains, in one line, why Devices is empty ("" otherwise).
 	Why string
 }
@@ -97,6 +115,89 @@ type Options struct {
 	// Owned reports whether vfnet itself bound the VF at this address to
 	// vfio-pci (it has prepared it for a claim). Nil means "none".
 	Owned func(vfAddress string) bool
+	// NoIOMMUMode: vfio runs with enable_unsafe_noiommu_mode
+	// (sysfs.Host.NoIOMMUMode).
+	NoIOMMUMode bool
+	// Holders returns the processes holding each VFIO group node
+	// ("17", "noiommu-3") open (vfioholders.Scanner). Nil: unknown, and VFs
+	// found on vfio-pci that vfnet did not bind are not offered.
+	Holders func(nodes []string) (map[string][]string, error)
+}
+
+// Policy is what the node configuration allows beyond the safe defaults.
+type Policy struct {
+	AllowUnsafeNoIOMMU bool
+}
+
+// GroupNode is the name of fn's VFIO group node under /dev/vfio ("" without
+// a group).
+func GroupNode(fn sysfs.Function) string {
+	switch {
+	case fn.IOMMUGroup == "":
+		return ""
+	case fn.IOMMUGroupName == sysfs.NoIOMMUGroupName:
+		return "noiommu-" + fn.IOMMUGroup
+	}
+	return fn.IOMMUGroup
+}
+
+// Problem says why the function cannot be passed through to one VM on its
+// own, and what fixes it; "" when it can.
+func Problem(fn sysfs.Function, noIOMMUMode bool, pol Policy) string {
+	if fn.IOMMUGroup == "" || fn.IOMMUGroupName == sysfs.NoIOMMUGroupName {
+		switch {
+		case !noIOMMUMode && fn.IOMMUGroup == "":
+			return "no IOMMU group: the IOMMU is off; enable it in firmware and on the kernel command line (intel_iommu=on or amd_iommu=on) and reboot"
+		case !pol.AllowUnsafeNoIOMMU:
+			return "no IOMMU group, and vfio runs in unsafe noiommu mode (enable_unsafe_noiommu_mode=Y): the guest's DMA would not be isolated from host memory; enable the IOMMU, or set allowUnsafeNoIOMMU: true in the node configuration to offer such VFs anyway"
+		}
+		return ""
+	}
+	var others []string
+	for _, p := range fn.IOMMUPeers {
+		// Bridges on pcieport do not stop vfio from using the group
+		// (the port driver manages no DMA); everything else does.
+		if p.Driver == "pcieport" {
+			continue
+		}
+		d := p.Address
+		if p.Driver != "" {
+			d += " (" + p.Driver + ")"
+		}
+		others = append(others, d)
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	list := strings.Join(others, ", ")
+	if len(others) > 3 {
+		list = fmt.Sprintf("%s and %d more", strings.Join(others[:3], ", "), len(others)-3)
+	}
+	return fmt.Sprintf("IOMMU group %s also holds %s: a group is passed to one VM as a whole (QEMU fails with \"group is not viable\" otherwise); enable ACS on the upstream bridge or put the device in its own slot",
+		fn.IOMMUGroup, list)
+}
+
+// CheckVF re-reads the VF at bdf and fails when it cannot be passed through
+// (Problem) or, if it is on vfio-pci and holders is set, when a process
+// holds its group node open. Prepare calls it just before binding.
+func CheckVF(h *sysfs.Host, bdf string, pol Policy, holders func(nodes []string) (map[string][]string, error)) error {
+	fn, err := h.Function(bdf)
+	if err != nil {
+		return err
+	}
+	if p := Problem(fn, h.NoIOMMUMode(), pol); p != "" {
+		return fmt.Errorf("VF %s cannot be passed through: %s", bdf, p)
+	}
+	if node := GroupNode(fn); holders != nil && fn.Driver == VFIODriver && node != "" {
+		got, err := holders([]string{node})
+		if err != nil {
+			return fmt.Errorf("VF %s is on vfio-pci and whether /dev/vfio/%s is in use cannot be told: %w", bdf, node, err)
+		}
+		if len(got[node]) > 0 {
+			return fmt.Errorf("VF %s is in use: /dev/vfio/%s is held open by %s; stop that user or allocate another VF", bdf, node, strings.Join(got[node], ", "))
+		}
+	}
+	return nil
 }
 
 // Build selects the VFs to offer. A nil cfg offers nothing. The only error
@@ -117,20 +218,43 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	}
 	// Sorting PFs first keeps the comparisons that parse addresses few.
 	slices.SortStableFunc(selected, func(a, b nodeconfig.Selected) int { return CompareBDF(a.PF.Address, b.PF.Address) })
+	pol := Policy{AllowUnsafeNoIOMMU: cfg.AllowUnsafeNoIOMMU}
+	holders, holdErr := vfioHolders(selected, opts)
 	for _, sel := range selected {
 		pf := sel.PF
 		start := len(res.Devices)
-		if len(pf.NetDevs) == 0 {
+		uplink := pf.Uplink()
+		switch {
+		case uplink == "":
 			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF has no netdev (driver %q): VF settings are applied through the PF netdev", pf.Driver)})
+			continue
+		case pf.LinkType == sysfs.LinkTypeInfiniband:
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s is InfiniBand: its VFs need node and port GUIDs, which VFConfig cannot set; use the PF in Ethernet mode (mlxconfig LINK_TYPE_P1=2) or another driver for IB VFs", uplink)})
+			continue
+		case pf.Switchdev && !cfg.PFs[sel.Selector].AllowSwitchdev:
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s runs its e-switch in switchdev mode (VF representors %s): VF traffic follows the representors' flows and the legacy per-VF settings (VLAN, spoof check, trust) do not apply; switch it to legacy (devlink dev eswitch set pci/%s mode legacy) or set allowSwitchdev: true on pfs[%d] in %s",
+				uplink, strings.Join(pf.Representors, ","), pf.Address, sel.Selector, cfg.Source)})
 			continue
 		}
 		for _, vf := range pf.VFs {
 			if !sel.VFs.Contains(vf.Index) {
 				continue
 			}
-			if vf.Driver == VFIODriver && (opts.Owned == nil || !opts.Owned(vf.Address)) {
-				res.Skipped = append(res.Skipped, Skipped{vf.Address, "VF is bound to vfio-pci by someone else than vfnet"})
+			if p := Problem(vf.Function, opts.NoIOMMUMode, pol); p != "" {
+				res.Skipped = append(res.Skipped, Skipped{vf.Address, p})
 				continue
+			}
+			if vf.Driver == VFIODriver && (opts.Owned == nil || !opts.Owned(vf.Address)) {
+				node := GroupNode(vf.Function)
+				switch {
+				case holdErr != nil:
+					res.Skipped = append(res.Skipped, Skipped{vf.Address, fmt.Sprintf("VF is bound to vfio-pci and whether /dev/vfio/%s is in use cannot be told: %v", node, holdErr)})
+					continue
+				case len(holders[node]) > 0:
+					res.Skipped = append(res.Skipped, Skipped{vf.Address, fmt.Sprintf("VF is bound to vfio-pci and in use: /dev/vfio/%s is held open by %s", node, strings.Join(holders[node], ", "))})
+					continue
+				}
+				res.Notes = append(res.Notes, Skipped{vf.Address, fmt.Sprintf("already bound to vfio-pci and /dev/vfio/%s is not held open by any process: offered; prepare keeps vfio-pci as its driver to restore", node)})
 			}
 			name, err := DeviceName(vf.Address)
 			if err != nil {
@@ -151,7 +275,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				Address:    vf.Address,
 				VFIndex:    vf.Index,
 				PFAddress:  pf.Address,
-				PFName:     pf.NetDevs[0],
+				PFName:     uplink,
 				Network:    sel.Network,
 				VendorID:   vf.VendorID,
 				DeviceID:   vf.DeviceID,
@@ -170,13 +294,35 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	return res, nil
 }
 
+// vfioHolders asks once per pass who holds the group nodes of the VFs found
+// on vfio-pci that vfnet did not bind.
+func vfioHolders(selected []nodeconfig.Selected, opts Options) (map[string][]string, error) {
+	var nodes []string
+	for _, sel := range selected {
+		for _, vf := range sel.PF.VFs {
+			if vf.Driver == VFIODriver && (opts.Owned == nil || !opts.Owned(vf.Address)) && sel.VFs.Contains(vf.Index) {
+				if n := GroupNode(vf.Function); n != "" {
+					nodes = append(nodes, n)
+				}
+			}
+		}
+	}
+	if len(nodes) == 0 {
+		return nil, nil
+	}
+	if opts.Holders == nil {
+		return nil, errors.New("no check configured")
+	}
+	return opts.Holders(nodes)
+}
+
 func pfSummary(pfs []sysfs.PF) string {
 	if len(pfs) == 0 {
 		return "none"
 	}
 	parts := make([]string, 0, len(pfs))
 	for _, pf := range pfs {
-		parts = append(parts, fmt.Sprintf("%s %s %s:%s", pf.Address, strings.Join(pf.NetDevs, ","), pf.VendorID, pf.DeviceID))
+		parts = append(parts, fmt.Sprintf("%s %s %s:%s", pf.Address, pf.Uplink(), pf.VendorID, pf.DeviceID))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -263,11 +409,7 @@ func Find(pfs []sysfs.PF, name string) (VFRef, error) {
 	for _, pf := range pfs {
 		for _, vf := range pf.VFs {
 			if vf.Address == bdf {
-				ref := VFRef{Address: bdf, PFAddress: pf.Address, VFIndex: vf.Index, VF: vf, PF: pf}
-				if len(pf.NetDevs) > 0 {
-					ref.PFName = pf.NetDevs[0]
-				}
-				return ref, nil
+				return VFRef{Address: bdf, PFAddress: pf.Address, PFName: pf.Uplink(), VFIndex: vf.Index, VF: vf, PF: pf}, nil
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 )
 
 func mixedPFs(t *testing.T) []sysfs.PF {
@@ -288,5 +289,198 @@ func TestCompareBDF(t *testing.T) {
 				t.Errorf("CompareBDF(%s, %s) = %d, want %d", ordered[i], ordered[j], got, want)
 			}
 		}
+	}
+}
+
+func hostPFs(t *testing.T, spec simhost.Spec) (*simhost.Host, []sysfs.PF) {
+	t.Helper()
+	h, err := simhost.Build(simhost.TempDir(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, pfs
+}
+
+func reasons(s []Skipped) string {
+	var out []string
+	for _, x := range s {
+		out = append(out, x.Address+": "+x.Reason)
+	}
+	return strings.Join(out, "\n")
+}
+
+// Behind a root port without ACS the VFs share a group with the PFs: none
+// is offered, and the reason names the group, the other devices and the fix.
+func TestBuildSharedIOMMUGroupNotOffered(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.NoACSHost())
+	res, err := Build(pfs, config(t, "pfs:\n- vendorID: \"8086\"\n  network: a\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 8 {
+		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	want := "IOMMU group " + pfs[0].IOMMUGroup + " also holds 0000:3b:00.0 (ice), 0000:3b:00.1 (ice), 0000:3b:02.1 (iavf) and 6 more"
+	if r := res.Skipped[0].Reason; !strings.Contains(r, want) || !strings.Contains(r, "enable ACS on the upstream bridge or put the device in its own slot") ||
+		strings.Contains(r, "0000:3a:00.0") {
+		t.Fatalf("reason %q\nwant it to contain %q and the fix, and not the pcieport root port", r, want)
+	}
+}
+
+func TestBuildNoIOMMU(t *testing.T) {
+	t.Parallel()
+	h, pfs := hostPFs(t, simhost.NoIOMMUHost())
+	on := h.Sysfs().NoIOMMUMode()
+	if !on {
+		t.Fatal("fixture: noiommu mode off")
+	}
+	sel := "pfs:\n- pfName: enp59s0f0\n  network: a\n"
+	res, err := Build(pfs, config(t, sel), Options{NoIOMMUMode: on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 4 || !strings.Contains(res.Skipped[0].Reason, "allowUnsafeNoIOMMU: true") {
+		t.Fatalf("without opt-in: devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	res, err = Build(pfs, config(t, "allowUnsafeNoIOMMU: true\n"+sel), Options{NoIOMMUMode: on})
+	if err != nil || len(res.Devices) != 4 {
+		t.Fatalf("with opt-in: devices %s, %v, skipped:\n%s", names(res.Devices), err, reasons(res.Skipped))
+	}
+	// IOMMU off and no noiommu mode: the opt-in does not help, vfio-pci
+	// would refuse the bind.
+	res, err = Build(pfs, config(t, "allowUnsafeNoIOMMU: true\n"+sel), Options{NoIOMMUMode: false})
+	if err != nil || len(res.Devices) != 0 || !strings.Contains(res.Skipped[0].Reason, "intel_iommu=on") {
+		t.Fatalf("IOMMU off: devices %s, %v, skipped:\n%s", names(res.Devices), err, reasons(res.Skipped))
+	}
+}
+
+func TestBuildSwitchdev(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.SwitchdevHost())
+	res, err := Build(pfs, config(t, "pfs:\n- pciAddress: \"0000:d8:00.0\"\n  network: a\n- pfName: ens8f1np1\n  network: b\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 4 || res.Devices[0].PFAddress != "0000:d8:00.1" || len(res.Skipped) != 1 ||
+		!strings.Contains(res.Skipped[0].Reason, "switchdev mode (VF representors ens8f0_0,ens8f0_1,ens8f0_2,ens8f0_3)") ||
+		!strings.Contains(res.Skipped[0].Reason, "allowSwitchdev: true on pfs[0] in node.yaml") {
+		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	res, err = Build(pfs, config(t, "pfs:\n- pciAddress: \"0000:d8:00.0\"\n  network: a\n  allowSwitchdev: true\n"), Options{})
+	if err != nil || len(res.Devices) != 4 {
+		t.Fatalf("opted in: devices %s, %v, skipped:\n%s", names(res.Devices), err, reasons(res.Skipped))
+	}
+	// The representor ens8f0_0 sorts first under the PF; the uplink is the PF's name.
+	checkString(t, res.Devices[0].Attributes(), "vfnet.io/pfName", "ens8f0np0")
+	ref, err := Find(pfs, res.Devices[0].Name)
+	if err != nil || ref.PFName != "ens8f0np0" {
+		t.Fatalf("Find = %+v, %v", ref, err)
+	}
+}
+
+func TestBuildInfinibandNotOffered(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.InfinibandHost())
+	res, err := Build(pfs, config(t, "pfs:\n- pfName: ibp216s0f0\n  network: a\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "InfiniBand") ||
+		!strings.Contains(res.Skipped[0].Reason, "GUIDs") {
+		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+}
+
+// Without numa_node files (CONFIG_NUMA=n) the VFs are offered without a
+// numaNode attribute.
+func TestBuildWithoutNUMAFile(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.NoNUMAHost())
+	res, err := Build(pfs, config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 4 {
+		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	attrs := res.Devices[0].Attributes()
+	if _, ok := attrs["resource.kubernetes.io/numaNode"]; ok {
+		t.Fatalf("numaNode published without a numa_node file: %v", attrs)
+	}
+	checkString(t, attrs, "resource.kubernetes.io/pcieRoot", "pci0000:3a")
+}
+
+// A VF left on vfio-pci (e.g. by sriov-network-device-plugin) is offered
+// when nobody holds its group node, and not while someone does.
+func TestBuildVFIOTakeover(t *testing.T) {
+	t.Parallel()
+	h, pfs := hostPFs(t, simhost.MixedHost())
+	vf := pfAt(t, pfs, "0000:3b:00.0").VFs[2]
+	scanner := vfioholders.Scanner{ProcRoot: h.ProcRoot(), DevRoot: h.DevRoot()}
+	opts := Options{Holders: func(nodes []string) (map[string][]string, error) {
+		got, err := scanner.Holders(nodes)
+		out := map[string][]string{}
+		for n, hs := range got {
+			for _, x := range hs {
+				out[n] = append(out[n], x.String())
+			}
+		}
+		return out, err
+	}}
+	cfg := config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n")
+	res, err := Build(pfs, cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 4 || res.Devices[2].Address != vf.Address || len(res.Skipped) != 0 ||
+		len(res.Notes) != 1 || !strings.Contains(res.Notes[0].Reason, "not held open by any process") {
+		t.Fatalf("free vfio-pci VF: devices %s, skipped:\n%s\nnotes:\n%s", names(res.Devices), reasons(res.Skipped), reasons(res.Notes))
+	}
+	release, err := h.HoldVFIOGroup(vf.IOMMUGroup, 4242, "qemu-kvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	res, err = Build(pfs, cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 3 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "held open by pid 4242 (qemu-kvm)") {
+		t.Fatalf("held vfio-pci VF: devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	if err := CheckVF(h.Sysfs(), vf.Address, Policy{}, opts.Holders); err == nil || !strings.Contains(err.Error(), "pid 4242") {
+		t.Fatalf("CheckVF of a held VF: %v", err)
+	}
+	// Without a way to tell, the VF is not offered.
+	res, _ = Build(pfs, cfg, Options{})
+	if len(res.Devices) != 3 || !strings.Contains(reasons(res.Skipped), "cannot be told") {
+		t.Fatalf("no holder check: devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+}
+
+// CheckVF re-reads the host: a group that became shared, or a missing
+// group without the opt-in, fails with the reason.
+func TestCheckVF(t *testing.T) {
+	t.Parallel()
+	h, _ := hostPFs(t, simhost.NoACSHost())
+	if err := CheckVF(h.Sysfs(), "0000:3b:02.1", Policy{}, nil); err == nil || !strings.Contains(err.Error(), "also holds 0000:3b:00.0") {
+		t.Fatalf("shared group: %v", err)
+	}
+	h2, _ := hostPFs(t, simhost.E810Host())
+	if err := CheckVF(h2.Sysfs(), "0000:3b:02.1", Policy{}, nil); err != nil {
+		t.Fatalf("isolated VF: %v", err)
+	}
+	h3, _ := hostPFs(t, simhost.NoIOMMUHost())
+	if err := CheckVF(h3.Sysfs(), "0000:3b:02.1", Policy{}, nil); err == nil || !strings.Contains(err.Error(), "allowUnsafeNoIOMMU") {
+		t.Fatalf("noiommu without opt-in: %v", err)
+	}
+	if err := CheckVF(h3.Sysfs(), "0000:3b:02.1", Policy{AllowUnsafeNoIOMMU: true}, nil); err != nil {
+		t.Fatalf("noiommu with opt-in: %v", err)
 	}
 }

@@ -486,6 +486,10 @@ func (h *Host) build() error {
 	if err := os.WriteFile(filepath.Join(h.devRoot, "vfio", "vfio"), nil, 0o666); err != nil {
 		return err
 	}
+	// An empty /proc: no process holds anything open until HoldVFIOGroup.
+	if err := os.MkdirAll(h.ProcRoot(), 0o755); err != nil {
+		return err
+	}
 	for _, f := range []struct{ name, content string }{{"drivers_probe", ""}, {"drivers_autoprobe", "1\n"}, {"rescan", ""}} {
 		if err := t.write("bus/pci/"+f.name, f.content, 0o644); err != nil {
 			return err
