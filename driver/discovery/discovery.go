@@ -219,7 +219,8 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	// Sorting PFs first keeps the comparisons that parse addresses few.
 	slices.SortStableFunc(selected, func(a, b nodeconfig.Selected) int { return CompareBDF(a.PF.Address, b.PF.Address) })
 	pol := Policy{AllowUnsafeNoIOMMU: cfg.AllowUnsafeNoIOMMU}
-	holders, holdErr := vfioHolders(selected, opts)
+	foreign := foreignVFIO(selected, opts.Owned)
+	holders, holdErr := vfioHolders(foreign, opts.Holders)
 	for _, sel := range selected {
 		pf := sel.PF
 		start := len(res.Devices)
@@ -244,8 +245,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				res.Skipped = append(res.Skipped, Skipped{vf.Address, p})
 				continue
 			}
-			if vf.Driver == VFIODriver && (opts.Owned == nil || !opts.Owned(vf.Address)) {
-				node := GroupNode(vf.Function)
+			if node, ok := foreign[vf.Address]; ok {
 				switch {
 				case holdErr != nil:
 					res.Skipped = append(res.Skipped, Skipped{vf.Address, fmt.Sprintf("VF is bound to vfio-pci and whether /dev/vfio/%s is in use cannot be told: %v", node, holdErr)})
@@ -294,26 +294,36 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	return res, nil
 }
 
-// vfioHolders asks once per pass who holds the group nodes of the VFs found
-// on vfio-pci that vfnet did not bind.
-func vfioHolders(selected []nodeconfig.Selected, opts Options) (map[string][]string, error) {
-	var nodes []string
+// foreignVFIO maps the selected VFs on vfio-pci that vfnet did not bind to
+// their group node names.
+func foreignVFIO(selected []nodeconfig.Selected, owned func(string) bool) map[string]string {
+	out := map[string]string{}
 	for _, sel := range selected {
 		for _, vf := range sel.PF.VFs {
-			if vf.Driver == VFIODriver && (opts.Owned == nil || !opts.Owned(vf.Address)) && sel.VFs.Contains(vf.Index) {
-				if n := GroupNode(vf.Function); n != "" {
-					nodes = append(nodes, n)
-				}
+			if vf.Driver == VFIODriver && sel.VFs.Contains(vf.Index) && (owned == nil || !owned(vf.Address)) {
+				out[vf.Address] = GroupNode(vf.Function)
 			}
+		}
+	}
+	return out
+}
+
+// vfioHolders asks once per pass who holds the group nodes of foreign VFs.
+func vfioHolders(foreign map[string]string, holders func([]string) (map[string][]string, error)) (map[string][]string, error) {
+	var nodes []string
+	for _, n := range foreign {
+		if n != "" && !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
 		}
 	}
 	if len(nodes) == 0 {
 		return nil, nil
 	}
-	if opts.Holders == nil {
+	if holders == nil {
 		return nil, errors.New("no check configured")
 	}
-	return opts.Holders(nodes)
+	slices.Sort(nodes)
+	return holders(nodes)
 }
 
 func pfSummary(pfs []sysfs.PF) string {

@@ -35,8 +35,11 @@ type LoopOptions struct {
 	// next rescan without a restart.
 	LoadConfig func() (*nodeconfig.Config, error)
 	// Owned reports VFs vfnet bound to vfio-pci itself (see discovery.Options).
-	Owned     func(vfAddress string) bool
-	Publisher Publisher
+	Owned func(vfAddress string) bool
+	// NoIOMMUMode and Holders feed discovery.Options (nil: off / unknown).
+	NoIOMMUMode func() bool
+	Holders     func(nodes []string) (map[string][]string, error)
+	Publisher   Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
 }
@@ -99,7 +102,11 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
-	res, err := discovery.Build(pfs, l.cfg, discovery.Options{Owned: l.opts.Owned})
+	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders}
+	if l.opts.NoIOMMUMode != nil {
+		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
+	}
+	res, err := discovery.Build(pfs, l.cfg, dopts)
 	if err != nil {
 		if !l.didPub {
 			return false, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -89,7 +90,7 @@ func (r *recorder) lastDevices(node string) int {
 func pfWith(addr, netdev string, vfs int) sysfs.PF {
 	pf := sysfs.PF{Function: sysfs.Function{Address: addr, VendorID: "8086", DeviceID: "1593", NetDevs: []string{netdev}, NUMANode: 0}, TotalVFs: 64, NumVFs: vfs, OperState: "up", LinkType: "ethernet"}
 	for i := 0; i < vfs; i++ {
-		pf.VFs = append(pf.VFs, sysfs.VF{Function: sysfs.Function{Address: fmt.Sprintf("%s:%02x.%d", addr[:7], 0x10+i/8, i%8), VendorID: "8086", DeviceID: "1889", Driver: "iavf"}, Index: i, PFAddress: addr})
+		pf.VFs = append(pf.VFs, sysfs.VF{Function: sysfs.Function{Address: fmt.Sprintf("%s:%02x.%d", addr[:7], 0x10+i/8, i%8), VendorID: "8086", DeviceID: "1889", Driver: "iavf", IOMMUGroup: strconv.Itoa(100 + i)}, Index: i, PFAddress: addr})
 	}
 	return pf
 }
