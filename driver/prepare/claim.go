@@ -124,6 +124,17 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 // forward makes the claim's devices prepared, from whatever step they are
 // at. Every host operation is idempotent.
 func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, entry *checkpoint.Claim) error {
+	// Before anything is bound: the host may have changed since the slice
+	// was published (group shared, noiommu, a process took the VF). A
+	// device an interrupted call already bound was checked then.
+	for _, d := range entry.Devices {
+		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+			continue
+		}
+		if err := s.opts.CheckVF(d.BDF); err != nil {
+			return stepError(d, "check the VF can be passed through", err)
+		}
+	}
 	for _, d := range entry.Devices {
 		if err := s.setLink(d.PFNetDev, d.VFIndex, d.Applied); err != nil {
 			return stepError(d, "apply VF link settings through the PF", err)
@@ -191,7 +202,7 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 		}
 		// Link settings first: the original driver then probes the VF
 		// with its original MAC.
-		if err := s.setLink(d.PFNetDev, d.VFIndex, d.Original); err != nil {
+		if err := s.setLink(s.pfNetDev(ctx, d), d.VFIndex, d.Original); err != nil {
 			errs = append(errs, stepError(d, "restore VF link settings", err))
 		}
 		if d.Step.Order() >= checkpoint.StepBinding.Order() {

@@ -86,6 +86,12 @@ type Options struct {
 	// carries the same attributes as the ResourceSlice (nil: attributes are
 	// derived from sysfs without the network name).
 	Published func() []discovery.Device
+	// CheckVF is called for every VF just before it is bound to vfio-pci
+	// and fails when the VF cannot be passed through (shared or missing
+	// IOMMU group, group node held open by another process). Nil checks
+	// with discovery.CheckVF and the safe defaults (no noiommu opt-in, no
+	// holder check).
+	CheckVF func(bdf string) error
 	// VFIOTimeout bounds the wait for /dev/vfio/<group> (default 30s).
 	VFIOTimeout time.Duration
 	// Hook, if set, is called after each checkpoint write and host change
@@ -126,6 +132,10 @@ func New(opts Options) (*State, error) {
 	}
 	if opts.VFIOTimeout <= 0 {
 		opts.VFIOTimeout = 30 * time.Second
+	}
+	if opts.CheckVF == nil {
+		h := opts.Sysfs
+		opts.CheckVF = func(bdf string) error { return discovery.CheckVF(h, bdf, discovery.Policy{}, nil) }
 	}
 	if err := os.MkdirAll(filepath.Dir(opts.CheckpointPath), 0o750); err != nil {
 		return nil, fmt.Errorf("create the checkpoint directory: %w", err)
@@ -371,6 +381,24 @@ type vfRef struct {
 	Driver    string // bound now, "" when none
 }
 
+// pfNetDev is the PF's netdev as the kernel names it now: the PF may have
+// been renamed since the device was recorded, and the VF settings go
+// through the name. The recorded name is the fallback when the PF's PCI
+// address no longer resolves to a netdev.
+func (s *State) pfNetDev(ctx context.Context, d checkpoint.Device) string {
+	if d.PFAddress == "" {
+		return d.PFNetDev
+	}
+	name, err := s.opts.Sysfs.UplinkOf(d.PFAddress)
+	if err != nil || name == "" {
+		return d.PFNetDev
+	}
+	if name != d.PFNetDev {
+		klog.FromContext(ctx).Info("PF netdev was renamed since prepare", "pf", d.PFAddress, "recorded", d.PFNetDev, "now", name)
+	}
+	return name
+}
+
 // locate finds the VF a device name stands for by reading just that VF and
 // its PF (a full discovery pass costs ~100ms on a host with 1024 VFs).
 func (s *State) locate(device string) (vfRef, error) {
@@ -390,12 +418,8 @@ func (s *State) locate(device string) (vfRef, error) {
 		return vfRef{}, fmt.Errorf("device %s: %s is not an SR-IOV VF (no physfn link): %w", device, bdf, err)
 	}
 	ref := vfRef{Address: bdf, PFAddress: filepath.Base(physfn), Driver: vf.Driver, VFIndex: -1}
-	pf, err := s.opts.Sysfs.Function(ref.PFAddress)
-	if err != nil {
+	if ref.PFName, err = s.opts.Sysfs.UplinkOf(ref.PFAddress); err != nil {
 		return vfRef{}, gone(err)
-	}
-	if len(pf.NetDevs) > 0 {
-		ref.PFName = pf.NetDevs[0]
 	}
 	pfDir := s.opts.Sysfs.Path(sysfs.PCIDevicesDir + "/" + ref.PFAddress)
 	ents, err := os.ReadDir(pfDir)

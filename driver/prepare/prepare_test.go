@@ -187,10 +187,24 @@ func TestMACChoice(t *testing.T) {
 func TestNoIOMMU(t *testing.T) {
 	t.Parallel()
 	e := preparetest.NewEnv(t, "", simhost.NoIOMMUHost())
-	s := e.NewState(t, nil)
 	c := preparetest.Claim("ns", "a", "uid-a", []string{vf1})
 	e.AddClaim(t, c)
 	before := e.Snapshot(t)
+	// Without the node configuration's allowUnsafeNoIOMMU, prepare refuses.
+	if r := prepareOne(t, e.NewState(t, nil), c); r.Err == nil || !strings.Contains(r.Err.Error(), "allowUnsafeNoIOMMU") {
+		t.Fatalf("prepare without the noiommu opt-in: %v", r.Err)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host after refused prepare:\n%s\nwant\n%s", got, before)
+	}
+	opts := e.Options(nil)
+	opts.CheckVF = func(bdf string) error {
+		return discovery.CheckVF(e.Host.Sysfs(), bdf, discovery.Policy{AllowUnsafeNoIOMMU: true}, nil)
+	}
+	s, err := prepare.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if r := prepareOne(t, s, c); r.Err != nil {
 		t.Fatal(r.Err)
 	}
@@ -403,5 +417,87 @@ func TestPreboundVFIO(t *testing.T) {
 	}
 	if v := before.VFs["0000:3b:02.2"]; v.Driver != "vfio-pci" {
 		t.Fatalf("fixture changed: %+v", v)
+	}
+}
+
+// A PF renamed between prepare and unprepare: the VF settings are restored
+// through the PF's current name, found from its PCI address.
+func TestUnprepareAfterPFRename(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.E810Host())
+	c := preparetest.Claim("ns", "a", "uid-a", []string{vf1}, preparetest.Config(fromClaim, `{`+hdr+`,"vlan":100,"trust":true}`))
+	e.AddClaim(t, c)
+	before, err := e.Host.VFState(pf0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.NewState(t, nil)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := e.Host.SetOperState(pf0, "down"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Host.RenameNetdev(pf0, "wan0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatalf("unprepare after the PF was renamed: %v", err)
+	}
+	after, err := e.Host.VFState("wan0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.VLAN != before.VLAN || after.Trust != before.Trust {
+		t.Fatalf("VF settings after unprepare %+v, want %+v", after, before)
+	}
+	fn, err := e.Host.Sysfs().Function(vf1BDF)
+	if err != nil || fn.Driver != "iavf" {
+		t.Fatalf("VF driver after unprepare %q (%v), want iavf", fn.Driver, err)
+	}
+}
+
+// A VF left on vfio-pci by another stack is prepared with vfio-pci as the
+// driver to restore: unprepare leaves it there, settings restored.
+func TestPrepareVFAlreadyOnVFIO(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.MixedHost())
+	const dev = "vf-0000-3b-02-2"
+	c := preparetest.Claim("ns", "a", "uid-a", []string{dev}, preparetest.Config(fromClaim, `{`+hdr+`,"vlan":7}`))
+	e.AddClaim(t, c)
+	before := e.Snapshot(t)
+	s := e.NewState(t, nil)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	d := s.Snapshot().Claims["uid-a"].Devices[0]
+	if d.OriginalDriver != "vfio-pci" || d.OriginalOverride != "vfio-pci" {
+		t.Fatalf("recorded original driver %q override %q, want vfio-pci", d.OriginalDriver, d.OriginalOverride)
+	}
+	if st, _ := e.Host.VFState(pf0, 2); st.VLAN != 7 {
+		t.Fatalf("VLAN %d, want 7", st.VLAN)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host after unprepare:\n%s\nwant\n%s", got, before)
+	}
+}
+
+// Prepare checks the group again just before binding: a VF whose group is
+// shared (no ACS) is refused and the host is left as it was.
+func TestPrepareRefusesSharedIOMMUGroup(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.NoACSHost())
+	c := preparetest.Claim("ns", "a", "uid-a", []string{vf1}, preparetest.Config(fromClaim, `{`+hdr+`,"vlan":7}`))
+	e.AddClaim(t, c)
+	before := e.Snapshot(t)
+	r := prepareOne(t, e.NewState(t, nil), c)
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "also holds 0000:3b:00.0 (ice)") || !strings.Contains(r.Err.Error(), "enable ACS") {
+		t.Fatalf("prepare of a VF in a shared group: %v", r.Err)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host after refused prepare:\n%s\nwant\n%s", got, before)
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
@@ -69,6 +70,8 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "node configuration file (NodeConfig YAML); without it nothing is offered")
 	node := fs.String("node-name", os.Getenv("NODE_NAME"), "node name: the pool name (env NODE_NAME)")
 	pluginDir := fs.String("plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory; VFs its checkpoint holds count as vfnet's own")
+	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
+	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -82,23 +85,32 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // sysfs skip lines stay quiet
-	pfs, err := sysfs.New(*root).Discover(ctx)
+	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // skips are printed below instead
+	host := sysfs.New(*root)
+	rep, err := host.DiscoverReport(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: discover SR-IOV devices under %s: %v\n", *root, err)
 		return 1
+	}
+	pfs := rep.PFs
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(stderr, "# not offered: %s: %s\n", s.Path, s.Reason)
 	}
 	owned, err := checkpointVFs(filepath.Join(*pluginDir, "checkpoint.json"))
 	if err != nil {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
-	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] }})
+	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] },
+		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
 	for _, s := range res.Skipped {
 		fmt.Fprintf(stderr, "# not offered: %s: %s\n", s.Address, s.Reason)
+	}
+	for _, s := range res.Notes {
+		fmt.Fprintf(stderr, "# offered: %s: %s\n", s.Address, s.Reason)
 	}
 	if res.Why != "" {
 		fmt.Fprintf(stderr, "# %s\n", res.Why)
@@ -118,6 +130,21 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// groupHolders is discovery.Options.Holders over the host's /proc.
+func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string, error) {
+	sc := vfioholders.Scanner{ProcRoot: procRoot, DevRoot: devRoot}
+	return func(nodes []string) (map[string][]string, error) {
+		got, err := sc.Holders(nodes)
+		out := make(map[string][]string, len(got))
+		for n, hs := range got {
+			for _, h := range hs {
+				out[n] = append(out[n], h.String())
+			}
+		}
+		return out, err
+	}
 }
 
 // checkpointVFs reads the running driver's checkpoint without changing
@@ -176,7 +203,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.cdiRoot, "cdi-root", "/var/run/cdi", "CDI spec directory (alias --cdi-dir)")
 	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "driver pod UID (env POD_UID); enables seamless rolling updates")
 	fs.StringVar(&f.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "kubelet pods directory (launcher libvirt sockets, for live migration)")
-	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (QEMU memlock raise for live migration)")
+	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (who holds /dev/vfio group nodes open; QEMU memlock raise for live migration)")
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz and /readyz (e.g. :51515); off when empty")
 	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only)")
@@ -314,11 +341,21 @@ func run(ctx context.Context, f driverFlags) error {
 	// One Event recorder for prepare (VFNetMACNotMigratable) and migration.
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
+	holders := groupHolders(f.procRoot, h.devRoot)
 	state, err := prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
 		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
 		Events: events,
+		CheckVF: func(bdf string) error {
+			pol := discovery.Policy{}
+			// The rescan loop reports a broken file; a VF is then checked
+			// with the safe defaults.
+			if cfg, err := loadConfig(f.config); err == nil && cfg != nil {
+				pol.AllowUnsafeNoIOMMU = cfg.AllowUnsafeNoIOMMU
+			}
+			return discovery.CheckVF(h.sysfs, bdf, pol, holders)
+		},
 		Published: func() []discovery.Device {
 			if l := published.Load(); l != nil {
 				return l.Published()
@@ -342,6 +379,7 @@ func run(ctx context.Context, f driverFlags) error {
 	defer p.Stop()
 	loop = slices.NewLoop(slices.LoopOptions{
 		NodeName: f.nodeName, Discoverer: h.sysfs, Publisher: p, Owned: state.Owned,
+		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders,
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 	})
