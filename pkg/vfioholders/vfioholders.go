@@ -53,7 +53,7 @@ func idOf(st *syscall.Stat_t) fileID {
 
 // Holders returns, per node name ("17", "noiommu-3"), the processes that
 // hold DevRoot/vfio/<node> open, sorted by PID. A node that does not exist
-// has no holders. The error is set when /proc could not be read completely
+// is an error (wrong DevRoot). The error is also set when /proc could not be read completely
 // (e.g. no permission to read another process's fd directory): a caller
 // must then treat every node as possibly in use.
 func (s Scanner) Holders(nodes []string) (map[string][]Holder, error) {
@@ -67,10 +67,9 @@ func (s Scanner) Holders(nodes []string) (map[string][]Holder, error) {
 		var st syscall.Stat_t
 		p := filepath.Join(s.DevRoot, "vfio", n)
 		if err := syscall.Stat(p, &st); err != nil {
-			if errors.Is(err, syscall.ENOENT) {
-				continue
-			}
-			return nil, fmt.Errorf("stat %s: %w", p, err)
+			// The kernel creates the node with the group (devtmpfs): a
+			// missing one means this is not the host's /dev.
+			return nil, fmt.Errorf("stat %s (is the host's /dev mounted there? --dev-root): %w", p, err)
 		}
 		want[idOf(&st)] = n
 	}

@@ -215,3 +215,122 @@ func TestInspectCountsPreparedVFs(t *testing.T) {
 		t.Fatalf("devices %d, stderr %s", len(s[0].Spec.Devices), stderr.String())
 	}
 }
+
+func buildSim(t *testing.T, spec simhost.Spec) *simhost.Host {
+	t.Helper()
+	h, err := simhost.Build(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func inspect(t *testing.T, h *simhost.Host, cfg string, extra ...string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	args := append([]string{"inspect", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
+		"--dev-root", h.DevRoot(), "--proc-root", h.ProcRoot()}, extra...)
+	if code := Main(args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	return out.String(), errOut.String()
+}
+
+// Functions skipped inside sysfs discovery are reported with their path
+// and reason, in the same "# not offered" form as discovery-level skips.
+func TestInspectReportsSysfsSkips(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.E810Host())
+	const pf0 = "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"
+	const vf2 = "devices/pci0000:3a/0000:3a:00.0/0000:3b:02.2"
+	virtfn := filepath.Join(h.Root(), pf0, "virtfn1")
+	if err := os.Remove(virtfn); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../0000:3b:09.1", virtfn); err != nil {
+		t.Fatal(err)
+	}
+	vendor := filepath.Join(h.Root(), vf2, "vendor")
+	if err := os.Remove(vendor); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(vendor, 0o755); err != nil { // unreadable: EISDIR
+		t.Fatal(err)
+	}
+	out, stderr := inspect(t, h, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n")
+	for _, want := range []string{
+		"# not offered: " + virtfn + ": unusable sysfs entry: dangling link -> ../0000:3b:09.1",
+		"# not offered: " + filepath.Join(h.Root(), pf0, "virtfn2") + ": unusable sysfs entry: read " + vendor,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if n := len(decodeSlices(t, out)[0].Spec.Devices); n != 2 {
+		t.Errorf("%d devices, want 2", n)
+	}
+}
+
+// inspect says why a VF is not offered and what to fix, for each host-level
+// reason, and which VFs it takes over from vfio-pci.
+func TestInspectExplainsHostProblems(t *testing.T) {
+	t.Parallel()
+	hdr := "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\n"
+	for name, tc := range map[string]struct {
+		spec    simhost.Spec
+		cfg     string
+		devices int
+		want    string
+	}{
+		"shared group": {simhost.NoACSHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 0,
+			"# not offered: 0000:3b:02.0: IOMMU group 16 also holds 0000:3b:00.0 (ice), 0000:3b:00.1 (ice), 0000:3b:02.1 (iavf) and 6 more: a group is passed to one VM as a whole"},
+		"noiommu":          {simhost.NoIOMMUHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 0, "set allowUnsafeNoIOMMU: true in the node configuration"},
+		"noiommu opted in": {simhost.NoIOMMUHost(), "allowUnsafeNoIOMMU: true\npfs:\n- pfName: enp59s0f0\n  network: a\n", 4, ""},
+		"switchdev": {simhost.SwitchdevHost(), "pfs:\n- vendorID: \"15b3\"\n  network: a\n  allowSwitchdev: false\n", 4, // port 1 is legacy
+			"# not offered: 0000:d8:00.0: PF ens8f0np0 runs its e-switch in switchdev mode"},
+		"infiniband": {simhost.InfinibandHost(), "pfs:\n- pfName: ibp216s0f0\n  network: a\n", 0, "# not offered: 0000:d8:00.0: PF ibp216s0f0 is InfiniBand"},
+		"vfio-pci takeover": {simhost.MixedHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 4,
+			"# offered: 0000:3b:02.2: already bound to vfio-pci and /dev/vfio/27 is not held open by any process"},
+		"no numa_node": {simhost.NoNUMAHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 4, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := buildSim(t, tc.spec)
+			out, stderr := inspect(t, h, hdr+tc.cfg)
+			s := decodeSlices(t, out)
+			got := 0
+			for _, sl := range s {
+				got += len(sl.Spec.Devices)
+				for _, d := range sl.Spec.Devices {
+					if _, ok := d.Attributes["resource.kubernetes.io/numaNode"]; ok && name == "no numa_node" {
+						t.Errorf("%s has a numaNode attribute without a numa_node file", d.Name)
+					}
+				}
+			}
+			if got != tc.devices {
+				t.Errorf("%d devices, want %d; stderr:\n%s", got, tc.devices, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("stderr lacks %q:\n%s", tc.want, stderr)
+			}
+		})
+	}
+}
+
+// A VF on vfio-pci whose group node a process holds open stays withheld,
+// and inspect names the process.
+func TestInspectVFIOHeld(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.MixedHost())
+	release, err := h.HoldVFIOGroup("27", 4242, "qemu-kvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	out, stderr := inspect(t, h, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n")
+	if n := len(decodeSlices(t, out)[0].Spec.Devices); n != 3 ||
+		!strings.Contains(stderr, "# not offered: 0000:3b:02.2: VF is bound to vfio-pci and in use: /dev/vfio/27 is held open by pid 4242 (qemu-kvm)") {
+		t.Fatalf("%d devices; stderr:\n%s", n, stderr)
+	}
+}
