@@ -51,8 +51,10 @@ func (r FileReader) explainMissing(ci kubevirtvmi.ClaimInterface, path string) e
 			kind = "ResourceClaim " + *ci.ResourceClaimName
 		}
 		return fmt.Errorf("metadata file %s: directory %s does not exist, so no device metadata of %s is mounted into this container. "+
-			"KubeVirt gives binding sidecars the VM's claims only from v1.10 (kubevirt PR 18741): upgrade KubeVirt. "+
-			"If it is v1.10 or newer, check that the claim was allocated and prepared by vfnet-driver (kubectl describe resourceclaim)", path, claimDir, kind)
+			"Two possible causes: KubeVirt gives binding sidecars the VM's claims only from v1.10 (kubevirt PR 18741): upgrade KubeVirt; "+
+			"or the container runtime does not apply CDI, through which the kubelet mounts device metadata (and /dev/vfio nodes) into containers: "+
+			"use containerd 2.x, or containerd 1.7 with enable_cdi = true in its CRI plugin configuration (CRI-O enables CDI by default). "+
+			"If both are fine, check that the claim was allocated and prepared by vfnet-driver (kubectl describe resourceclaim)", path, claimDir, kind)
 	}
 	if _, err := os.Stat(requestDir); err != nil {
 		return fmt.Errorf("metadata file %s: the claim is mounted but has no metadata for request %q; check spec.networks[].resourceClaim.requestName against the claim's requests", path, ci.RequestName)

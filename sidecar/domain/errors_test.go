@@ -37,7 +37,7 @@ func TestErrors(t *testing.T) {
 	}{{
 		name:  "metadata directory missing",
 		setup: func(t *testing.T, root string) string { return metadata.TemplateClaimPath(root, "net", "vf") },
-		want:  []string{`interface "dra-net"`, `claim "net"`, `request "vf"`, "v1.10", "18741", "upgrade KubeVirt", "does not exist"},
+		want:  []string{`interface "dra-net"`, `claim "net"`, `request "vf"`, "v1.10", "18741", "upgrade KubeVirt", "does not exist", "CDI", "enable_cdi = true"},
 	}, {
 		name: "request directory missing",
 		setup: func(t *testing.T, root string) string {
