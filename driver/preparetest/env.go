@@ -238,7 +238,7 @@ func (e *Env) Snapshot(tb testing.TB) Snapshot {
 			if err != nil {
 				tb.Fatal(err)
 			}
-			link, err := e.Host.VFState(pf.NetDevs[0], vf.Index)
+			link, err := e.Host.VFState(pf.Uplink(), vf.Index)
 			if err != nil {
 				tb.Fatal(err)
 			}
