@@ -136,7 +136,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		}
 	}
 	for _, d := range entry.Devices {
-		if err := s.setLink(d.PFNetDev, d.VFIndex, d.Applied); err != nil {
+		if err := s.setLink(s.pfNetDev(ctx, d), d.VFIndex, d.Applied); err != nil {
 			return stepError(d, "apply VF link settings through the PF", err)
 		}
 	}

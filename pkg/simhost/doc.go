@@ -21,12 +21,23 @@
 //	devices/system/node/node<N>/{distance,cpulist}
 //	module/vfio/parameters/enable_unsafe_noiommu_mode   (NoIOMMU hosts only)
 //
+// Modelled layouts besides the defaults: NoACS (the root port above has no
+// ACS: root port, PFs and VFs share its group, VFs created later join it),
+// PhysPortName/phys_switch_id on mlx5 uplinks, Switchdev (a VF representor
+// per VF under the PF's own device, named as NVIDIA's udev rule does, so one
+// sorts before the uplink; removed with the VFs), NoNUMAFile (CONFIG_NUMA=n).
+// Root ports are bound to pcieport. RenameNetdev renames like `ip link set
+// name` (EBUSY while up; a PF's VF settings follow it). ProcRoot is an empty
+// synthetic /proc; HoldVFIOGroup adds a process holding /dev/vfio/<group>
+// open (<proc>/<pid>/fd/<n> -> the node, <pid>/comm).
+//
 // Fixtures: E810PF, ConnectX6DxPF, ConnectX6DxIBPF, I350PF, PlainNIC build
 // PFSpecs; E810Host, ConnectX6DxHost, I350Host, MixedHost (every case on
 // one two-socket host: vfio-bound VF, sriov_numvfs=0, numa_node -1, a NIC
 // without SR-IOV), InfinibandHost, NoIOMMUHost and LargeHost (4 PFs x 256
 // VFs, builds in about 0.2 s of CPU on tmpfs) are whole hosts, also by name
-// through Fixture("e810"|"cx6dx"|"i350"|"mixed"|"infiniband"|"noiommu"|"large").
+// through Fixture("e810"|"cx6dx"|"i350"|"mixed"|"infiniband"|"noiommu"|"large"|
+// "noacs"|"switchdev"|"nonuma"): NoACSHost, SwitchdevHost, NoNUMAHost.
 // TempDir(t) gives tests a tmpfs directory when /dev/shm is one. VFs sit at PF routing ID + offset +
 // i*stride as the SR-IOV capability places them (E810 VF i of 0000:3b:00.0
 // is 0000:3b:02.i). Netdevs use systemd's predictable path names: PF
