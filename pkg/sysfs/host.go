@@ -317,6 +317,11 @@ type scanner struct {
 	skips  *skipList       // nil: only log
 	exists map[string]bool // resolved path -> exists
 	groups map[string]bool // kernel/iommu_groups entries, read once
+	// noIOMMU caches NoIOMMUMode: 0 unknown, 1 on, 2 off.
+	noIOMMU int
+	// dirBuf and members are reused to list IOMMU group members.
+	dirBuf  []byte
+	members []string
 }
 
 func newScanner(h *Host, log logr.Logger, skips *skipList) *scanner {
@@ -443,14 +448,48 @@ func (s *scanner) readFunction(bdf, realDir string) (Function, error) {
 }
 
 // readGroup fills the group's name and the other members with their drivers.
+// It runs for every function, so it avoids what it can: the name file exists
+// only for noiommu groups, and the member listing reuses one buffer.
 func (s *scanner) readGroup(fn *Function) error {
 	gdir := filepath.Join(s.h.root, IOMMUGroupDir, fn.IOMMUGroup)
-	if name, err := readAttr(filepath.Join(gdir, "name")); err == nil {
-		fn.IOMMUGroupName = name
+	if s.noIOMMU == 0 {
+		s.noIOMMU = 2
+		if s.h.NoIOMMUMode() {
+			s.noIOMMU = 1
+		}
 	}
-	members, err := readDirNames(filepath.Join(gdir, "devices"))
+	if s.noIOMMU == 1 {
+		if name, err := readAttr(filepath.Join(gdir, "name")); err == nil {
+			fn.IOMMUGroupName = name
+		}
+	}
+	ddir := filepath.Join(gdir, "devices")
+	fd, err := unix.Open(ddir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("list IOMMU group %s members: %w", fn.IOMMUGroup, err)
+		return fmt.Errorf("list IOMMU group %s members: %w", fn.IOMMUGroup, &fs.PathError{Op: "open", Path: ddir, Err: err})
+	}
+	if s.dirBuf == nil {
+		s.dirBuf = make([]byte, 2048)
+	}
+	members := s.members[:0]
+	for {
+		n, err := unix.ReadDirent(fd, s.dirBuf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("list IOMMU group %s members: %w", fn.IOMMUGroup, &fs.PathError{Op: "readdirent", Path: ddir, Err: err})
+		}
+		if n <= 0 {
+			break
+		}
+		_, _, members = unix.ParseDirent(s.dirBuf[:n], -1, members)
+	}
+	unix.Close(fd)
+	s.members = members
+	if len(members) == 1 && members[0] == fn.Address {
+		return nil // alone in its group: the normal case
 	}
 	for _, m := range members {
 		if m == fn.Address {
