@@ -4,7 +4,7 @@ import (
 	"os"
 	"sync"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // maxCached bounds CachingReader's memory. One sidecar serves one VM, whose
@@ -40,7 +40,7 @@ func NewCachingReader(root string) *CachingReader {
 }
 
 // Read returns the vfnet device that backs ci, as FileReader.Read does.
-func (r *CachingReader) Read(ci kubevirtvmi.ClaimInterface) (*Device, error) {
+func (r *CachingReader) Read(ci vmiview.ClaimInterface) (*Device, error) {
 	path := PathFor(r.Root, ci)
 	if fi, err := os.Stat(path); err == nil {
 		if d, ok := r.lookup(path, identity(fi)); ok {

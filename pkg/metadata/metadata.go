@@ -19,8 +19,6 @@
 package metadata
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,24 +26,18 @@ import (
 	"os"
 	"path/filepath"
 
-	resourceapi "k8s.io/api/resource/v1"
-	drametadata "k8s.io/dynamic-resource-allocation/api/metadata"
-	"k8s.io/dynamic-resource-allocation/devicemetadata"
-
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 const (
 	// DriverName is the DRA driver name of vfnet-driver.
 	DriverName = "sriov.vfnet.io"
 	// FileName is the metadata file vfnet-driver writes in each request directory.
-	FileName = DriverName + drametadata.MetadataFileSuffix
-	// DefaultRoot is where the kubelet mounts device metadata in a container.
-	DefaultRoot = drametadata.ContainerDir
+	FileName = DriverName + FileSuffix
 	// PCIBusIDAttribute is the standard attribute holding the VF's PCI address
 	// (lower-case BDF, e.g. 0000:3b:02.1).
-	PCIBusIDAttribute resourceapi.QualifiedName = "resource.kubernetes.io/pciBusID"
+	PCIBusIDAttribute = "resource.kubernetes.io/pciBusID"
 	// maxFileSize bounds what a reader loads; a real file is a few KiB.
 	maxFileSize = 1 << 20
 )
@@ -53,17 +45,17 @@ const (
 // ClaimPath is the metadata file of request in the ResourceClaim named
 // claimName when the pod names that ResourceClaim directly.
 func ClaimPath(root, claimName, request string) string {
-	return filepath.Join(root, drametadata.ResourceClaimsSubDir, claimName, request, FileName)
+	return filepath.Join(root, ResourceClaimsSubDir, claimName, request, FileName)
 }
 
 // TemplateClaimPath is the metadata file of request in the pod claim
 // podClaimName when the pod claim is generated from a ResourceClaimTemplate.
 func TemplateClaimPath(root, podClaimName, request string) string {
-	return filepath.Join(root, drametadata.ResourceClaimTemplatesSubDir, podClaimName, request, FileName)
+	return filepath.Join(root, ResourceClaimTemplatesSubDir, podClaimName, request, FileName)
 }
 
 // PathFor returns the metadata file that backs a VMI binding interface.
-func PathFor(root string, ci kubevirtvmi.ClaimInterface) string {
+func PathFor(root string, ci vmiview.ClaimInterface) string {
 	if ci.ResourceClaimName != nil {
 		return ClaimPath(root, *ci.ResourceClaimName, ci.RequestName)
 	}
@@ -84,9 +76,9 @@ type Device struct {
 	Name string
 	// PCIBusID is the VF's PCI address, 0000:3b:02.1.
 	PCIBusID   string
-	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+	Attributes map[string]Attribute
 	// NetworkData is nil when the driver published none.
-	NetworkData *resourceapi.NetworkDeviceData
+	NetworkData *NetworkData
 }
 
 // HardwareAddress is the VF MAC the driver reported, or "".
@@ -131,16 +123,16 @@ func readIdentified(path string) (*Device, fileID, error) {
 	return d, before, nil
 }
 
-// Decode decodes a metadata stream (one JSON object per API version) with
-// k8s.io/dynamic-resource-allocation/devicemetadata and applies vfnet's rule:
-// exactly one device, from driver sriov.vfnet.io, with a string pciBusID.
+// Decode decodes a metadata stream (one JSON object per API version, see
+// decodeStream) and applies vfnet's rule: exactly one device, from driver
+// sriov.vfnet.io, with a string pciBusID.
 func Decode(data []byte) (*Device, error) {
-	var dm drametadata.DeviceMetadata
-	if err := devicemetadata.DecodeMetadataFromStream(json.NewDecoder(bytes.NewReader(data)), &dm); err != nil {
+	dm, err := decodeStream(data)
+	if err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
 	var (
-		found   *drametadata.Device
+		found   *deviceV1
 		request string
 		n       int
 	)
@@ -161,9 +153,9 @@ func Decode(data []byte) (*Device, error) {
 		return nil, fmt.Errorf("device %q is from driver %q, want %s; the claim request must select a vfnet DeviceClass", found.Name, found.Driver, DriverName)
 	}
 	d := &Device{
-		ClaimNamespace: dm.Namespace,
-		ClaimName:      dm.Name,
-		ClaimUID:       string(dm.UID),
+		ClaimNamespace: dm.Metadata.Namespace,
+		ClaimName:      dm.Metadata.Name,
+		ClaimUID:       dm.Metadata.UID,
 		Request:        request,
 		Pool:           found.Pool,
 		Name:           found.Name,

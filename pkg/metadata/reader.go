@@ -8,9 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	drametadata "k8s.io/dynamic-resource-allocation/api/metadata"
-
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // FileReader reads the metadata of VMI binding interfaces from the files the
@@ -21,7 +19,7 @@ type FileReader struct {
 }
 
 // Read returns the vfnet device that backs ci. Every error names the file.
-func (r FileReader) Read(ci kubevirtvmi.ClaimInterface) (*Device, error) {
+func (r FileReader) Read(ci vmiview.ClaimInterface) (*Device, error) {
 	path := PathFor(r.Root, ci)
 	d, err := Read(path)
 	if err == nil {
@@ -32,7 +30,7 @@ func (r FileReader) Read(ci kubevirtvmi.ClaimInterface) (*Device, error) {
 
 // explain turns a failure to read the metadata file at path into an error
 // that says what to fix.
-func (r FileReader) explain(ci kubevirtvmi.ClaimInterface, path string, err error) error {
+func (r FileReader) explain(ci vmiview.ClaimInterface, path string, err error) error {
 	if errors.Is(err, fs.ErrPermission) {
 		return fmt.Errorf("%w; the file must be readable by the sidecar's user (uid 107 for non-root VMs): check vfnet-driver's metadata file mode", err)
 	}
@@ -42,7 +40,7 @@ func (r FileReader) explain(ci kubevirtvmi.ClaimInterface, path string, err erro
 	return r.explainMissing(ci, path)
 }
 
-func (r FileReader) explainMissing(ci kubevirtvmi.ClaimInterface, path string) error {
+func (r FileReader) explainMissing(ci vmiview.ClaimInterface, path string) error {
 	requestDir := filepath.Dir(path)
 	claimDir := filepath.Dir(requestDir)
 	if _, err := os.Stat(claimDir); err != nil {
@@ -59,11 +57,11 @@ func (r FileReader) explainMissing(ci kubevirtvmi.ClaimInterface, path string) e
 	if _, err := os.Stat(requestDir); err != nil {
 		return fmt.Errorf("metadata file %s: the claim is mounted but has no metadata for request %q; check spec.networks[].resourceClaim.requestName against the claim's requests", path, ci.RequestName)
 	}
-	others, _ := filepath.Glob(filepath.Join(requestDir, "*"+drametadata.MetadataFileSuffix))
+	others, _ := filepath.Glob(filepath.Join(requestDir, "*"+FileSuffix))
 	if len(others) > 0 {
 		names := make([]string, len(others))
 		for i, o := range others {
-			names[i] = strings.TrimSuffix(filepath.Base(o), drametadata.MetadataFileSuffix)
+			names[i] = strings.TrimSuffix(filepath.Base(o), FileSuffix)
 		}
 		return fmt.Errorf("metadata file %s does not exist; request %q was allocated by driver(s) %s, not %s: select a vfnet DeviceClass in the claim", path, ci.RequestName, strings.Join(names, ", "), DriverName)
 	}

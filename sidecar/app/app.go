@@ -10,8 +10,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 	"github.com/vfnet-io/vfnet/sidecar/server"
 )
 
@@ -59,7 +59,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (Options
 	}
 	o.BindingName = getenv(BindingNameEnv)
 	if o.BindingName == "" {
-		o.BindingName = kubevirtvmi.DefaultBindingName
+		o.BindingName = vmiview.DefaultBindingName
 	}
 	return o, nil
 }

@@ -19,13 +19,12 @@ import (
 	"net"
 
 	"k8s.io/klog/v2"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
 	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // AliasPrefix is the alias prefix of every hostdev vfnet writes.
@@ -37,7 +36,7 @@ func Alias(ifaceName string) string { return vfhostdev.Alias(ifaceName) }
 // MetadataReader returns the device that backs a binding interface. Errors
 // must name the file they concern.
 type MetadataReader interface {
-	Read(ci kubevirtvmi.ClaimInterface) (*metadata.Device, error)
+	Read(ci vmiview.ClaimInterface) (*metadata.Device, error)
 }
 
 // InvalidInputError marks a failure caused by malformed input (domain XML
@@ -51,16 +50,16 @@ func (e *InvalidInputError) Unwrap() error { return e.Err }
 // whose binding is bindingName, replacing any hostdev with the same alias
 // that an earlier call wrote. Interfaces of other bindings and every other
 // part of the document are left as they are.
-func Apply(domainXML []byte, vmi *kubevirtv1.VirtualMachineInstance, bindingName string, reader MetadataReader) ([]byte, error) {
+func Apply(domainXML []byte, vmi *vmiview.VMI, bindingName string, reader MetadataReader) ([]byte, error) {
 	return ApplyContext(context.Background(), domainXML, vmi, bindingName, reader)
 }
 
 // ApplyContext is Apply with the logger taken from ctx.
-func ApplyContext(ctx context.Context, domainXML []byte, vmi *kubevirtv1.VirtualMachineInstance, bindingName string, reader MetadataReader) ([]byte, error) {
+func ApplyContext(ctx context.Context, domainXML []byte, vmi *vmiview.VMI, bindingName string, reader MetadataReader) ([]byte, error) {
 	if vmi == nil {
 		return nil, &InvalidInputError{errors.New("no VirtualMachineInstance given")}
 	}
-	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, bindingName)
+	ifaces, err := vmi.BindingInterfaces(bindingName)
 	if err != nil {
 		return nil, err
 	}
@@ -68,8 +67,8 @@ func ApplyContext(ctx context.Context, domainXML []byte, vmi *kubevirtv1.Virtual
 }
 
 // ApplyInterfaces is ApplyContext for a caller that already resolved the
-// VMI's binding interfaces with kubevirtvmi.BindingInterfaces.
-func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []kubevirtvmi.ClaimInterface, reader MetadataReader) ([]byte, error) {
+// VMI's binding interfaces with vmiview.VMI.BindingInterfaces.
+func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader) ([]byte, error) {
 	// Scan even when no interface uses the binding: the document must be a
 	// domain either way, and returning garbage unchanged would only move
 	// the failure to libvirt.
@@ -99,7 +98,7 @@ func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []kubevirtvmi
 }
 
 // describe names an interface and its claim request for error messages.
-func describe(ci kubevirtvmi.ClaimInterface) string {
+func describe(ci vmiview.ClaimInterface) string {
 	return fmt.Sprintf("interface %q (claim %q, request %q)", ci.Interface.Name, ci.PodClaimName, ci.RequestName)
 }
 
@@ -109,7 +108,7 @@ type hostdev struct {
 	el     *libvirtxml.DomainHostdev
 }
 
-func buildHostdev(logger klog.Logger, ci kubevirtvmi.ClaimInterface, reader MetadataReader) (hostdev, error) {
+func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader MetadataReader) (hostdev, error) {
 	iface := ci.Interface
 	if !validAliasName(iface.Name) {
 		return hostdev{}, fmt.Errorf("%s: the name cannot form a libvirt user alias (%s<name> allows only letters, digits, '-' and '_'); rename the interface", describe(ci), AliasPrefix)

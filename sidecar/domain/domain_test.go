@@ -8,6 +8,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
 )
@@ -65,7 +66,7 @@ func checkHostdev(t testing.TB, h libvirtxml.DomainHostdev, source, guest string
 
 func apply(t testing.TB, in []byte, vmi *kubevirtv1.VirtualMachineInstance, root string) []byte {
 	t.Helper()
-	out, err := domain.Apply(in, vmi, binding, metadata.FileReader{Root: root})
+	out, err := domain.Apply(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
 	if err != nil {
 		t.Fatalf("Apply: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
 	"github.com/vfnet-io/vfnet/pkg/metadata/metadatatest"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
@@ -180,7 +181,7 @@ func TestErrors(t *testing.T) {
 			if c.xml != "" {
 				in = []byte(c.xml)
 			}
-			out, err := domain.Apply(in, vmi, binding, metadata.FileReader{Root: root})
+			out, err := domain.Apply(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
 			if err == nil {
 				t.Fatalf("no error; output:\n%s", out)
 			}
@@ -207,7 +208,7 @@ func TestMACComparedNormalized(t *testing.T) {
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:3b:02.1", "02:AB:cd:00:00:01")
 	vmi := newVMI().VFNet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02-ab-CD-00-00-01" }).Build()
-	if _, err := domain.Apply(readTestdata(t, "q35.xml"), vmi, binding, metadata.FileReader{Root: root}); err != nil {
+	if _, err := domain.Apply(readTestdata(t, "q35.xml"), kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root}); err != nil {
 		t.Fatal(err)
 	}
 }

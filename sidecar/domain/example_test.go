@@ -31,7 +31,7 @@ func ExampleApply() {
 		ResourceClaims: []kubevirtv1.VirtualMachineInstanceResourceClaim{{Name: "net", ResourceClaimTemplateName: &tmpl}},
 	}}
 	in := []byte("<domain type=\"kvm\">\n\t<name>vms_vm-a</name>\n\t<devices>\n\t\t<emulator>/usr/libexec/qemu-kvm</emulator>\n\t</devices>\n</domain>\n")
-	out, err := domain.Apply(in, vmi, "vfnet", fixedReader{})
+	out, err := domain.Apply(in, kubevirtvmi.View(vmi), "vfnet", fixedReader{})
 	if err != nil {
 		fmt.Println(err)
 		return

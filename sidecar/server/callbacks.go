@@ -7,16 +7,14 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/info"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
@@ -53,10 +51,10 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	logger = klog.LoggerWithValues(logger, "vmi", klog.KRef(vmi.Namespace, vmi.Name))
+	logger = klog.LoggerWithValues(logger, "vmi", klog.KRef(vmi.Metadata.Namespace, vmi.Metadata.Name))
 	ctx = klog.NewContext(ctx, logger)
-	target := IsMigrationTarget(vmi)
-	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, c.BindingName)
+	target := vmi.MigrationTarget()
+	ifaces, err := vmi.BindingInterfaces(c.BindingName)
 	var out []byte
 	if err == nil {
 		logMigratability(logger, ifaces, target)
@@ -80,62 +78,20 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	return &v1alpha3.OnDefineDomainResult{DomainXML: out}, nil
 }
 
-// vmiFields is the part of a VMI that vfnet reads, at the JSON paths of
-// kubevirt.io/api's VirtualMachineInstance and with its types for each part.
-// virt-launcher sends the whole VMI (domain spec, volumes, status);
-// decoding only these fields skips the rest instead of building it.
-type vmiFields struct {
-	Metadata struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-	} `json:"metadata"`
-	Spec struct {
-		Domain struct {
-			Devices struct {
-				Interfaces []kubevirtv1.Interface `json:"interfaces"`
-			} `json:"devices"`
-		} `json:"domain"`
-		Networks       []kubevirtv1.Network                             `json:"networks"`
-		ResourceClaims []kubevirtv1.VirtualMachineInstanceResourceClaim `json:"resourceClaims"`
-	} `json:"spec"`
-	Status struct {
-		MigrationState *kubevirtv1.VirtualMachineInstanceMigrationState `json:"migrationState"`
-	} `json:"status"`
-}
-
-// decodeVMI returns a VMI with the fields vfnet reads set from the JSON b
-// (see vmiFields); every other field is left empty.
-func decodeVMI(b []byte) (*kubevirtv1.VirtualMachineInstance, error) {
+// decodeVMI reads the fields vfnet needs from the VMI JSON virt-launcher
+// sends (the whole VMI; the rest is skipped, not built).
+func decodeVMI(b []byte) (*vmiview.VMI, error) {
 	if len(b) == 0 {
 		return nil, errors.New("OnDefineDomain request has no VMI; virt-launcher always sends one, so the caller is not KubeVirt")
 	}
-	var f vmiFields
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("decode the VMI JSON of the OnDefineDomain request: %w", err)
+	vmi, err := vmiview.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("OnDefineDomain request: %w", err)
 	}
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	vmi.Name, vmi.Namespace = f.Metadata.Name, f.Metadata.Namespace
-	vmi.Spec.Domain.Devices.Interfaces = f.Spec.Domain.Devices.Interfaces
-	vmi.Spec.Networks = f.Spec.Networks
-	vmi.Spec.ResourceClaims = f.Spec.ResourceClaims
-	vmi.Status.MigrationState = f.Status.MigrationState
 	return vmi, nil
 }
 
-// IsMigrationTarget reports whether vmi, as virt-launcher passes it to a
-// hook, describes a live migration in progress. The hook's input does not say
-// which pod is asking, but during a migration only the target launcher calls
-// OnDefineDomain: the source defined its domain when the VM started and
-// migrates the running domain's XML.
-func IsMigrationTarget(vmi *kubevirtv1.VirtualMachineInstance) bool {
-	ms := vmi.Status.MigrationState
-	if ms == nil || ms.Completed || ms.Failed {
-		return false
-	}
-	return ms.TargetPod != "" || (ms.TargetState != nil && ms.TargetState.Pod != "")
-}
-
-func logMigratability(logger klog.Logger, ifaces []kubevirtvmi.ClaimInterface, target bool) {
+func logMigratability(logger klog.Logger, ifaces []vmiview.ClaimInterface, target bool) {
 	for _, ci := range ifaces {
 		if ci.ResourceClaimName != nil {
 			logger.Info("interface uses a directly named ResourceClaim; its VF is pinned to this node, so the VM cannot live-migrate. Use a resourceClaimTemplate to make it migratable",

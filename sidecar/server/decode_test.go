@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
 )
 
 // richVMI sets every field vfnet reads (and many it does not), so that a
@@ -55,7 +57,7 @@ func richVMI() *kubevirtv1.VirtualMachineInstance {
 }
 
 // decodeVMI keeps exactly the fields vfnet reads, equal to what a full
-// decode into kubevirt.io/api's type gives.
+// decode into kubevirt.io/api's type gives (through kubevirtvmi.View).
 func TestDecodeVMIMatchesFullDecode(t *testing.T) {
 	t.Parallel()
 	b, err := json.Marshal(richVMI())
@@ -70,22 +72,17 @@ func TestDecodeVMIMatchesFullDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &kubevirtv1.VirtualMachineInstance{}
-	want.Name, want.Namespace = full.Name, full.Namespace
-	want.Spec.Domain.Devices.Interfaces = full.Spec.Domain.Devices.Interfaces
-	want.Spec.Networks = full.Spec.Networks
-	want.Spec.ResourceClaims = full.Spec.ResourceClaims
-	want.Status.MigrationState = full.Status.MigrationState
+	want := kubevirtvmi.View(&full)
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("decodeVMI =\n%+v\nwant\n%+v", got, want)
 	}
-	for name, v := range map[string]any{"name": got.Name, "interfaces": got.Spec.Domain.Devices.Interfaces, "networks": got.Spec.Networks,
+	for name, v := range map[string]any{"name": got.Metadata.Name, "interfaces": got.Spec.Domain.Devices.Interfaces, "networks": got.Spec.Networks,
 		"resourceClaims": got.Spec.ResourceClaims, "migrationState": got.Status.MigrationState} {
 		if reflect.ValueOf(v).IsZero() {
 			t.Errorf("%s not decoded", name)
 		}
 	}
-	if !IsMigrationTarget(got) {
+	if !got.MigrationTarget() {
 		t.Error("migration state lost")
 	}
 }

@@ -221,7 +221,7 @@ func TestIsMigrationTarget(t *testing.T) {
 	} {
 		vmi := &kubevirtv1.VirtualMachineInstance{}
 		vmi.Status.MigrationState = c.ms
-		if got := server.IsMigrationTarget(vmi); got != c.want {
+		if got := kubevirtvmi.View(vmi).MigrationTarget(); got != c.want {
 			t.Errorf("%s: %v, want %v", name, got, c.want)
 		}
 	}
