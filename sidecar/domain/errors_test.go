@@ -153,7 +153,19 @@ func TestErrors(t *testing.T) {
 		name:    "domain XML not well-formed",
 		setup:   func(t *testing.T, root string) string { return "" },
 		xml:     `<domain type="kvm"><devices></domain>`,
-		want:    []string{"not well-formed"},
+		want:    []string{"not well-formed", "<devices> closed by </domain>"},
+		invalid: true,
+	}, {
+		name:    "domain XML not closed",
+		setup:   func(t *testing.T, root string) string { return "" },
+		xml:     `<domain type="kvm"><devices></devices>`,
+		want:    []string{"not well-formed", "<domain> is not closed"},
+		invalid: true,
+	}, {
+		name:    "prefixed end element",
+		setup:   func(t *testing.T, root string) string { return "" },
+		xml:     `<domain type="kvm" xmlns:qemu="urn:q"><qemu:commandline></commandline></domain>`,
+		want:    []string{"not well-formed", "<qemu:commandline> closed by </commandline>"},
 		invalid: true,
 	}, {
 		name:    "not a domain",
