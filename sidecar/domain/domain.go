@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 
 	"k8s.io/klog/v2"
 	"libvirt.org/go/libvirtxml"
@@ -69,6 +70,12 @@ func ApplyContext(ctx context.Context, domainXML []byte, vmi *vmiview.VMI, bindi
 // ApplyInterfaces is ApplyContext for a caller that already resolved the
 // VMI's binding interfaces with vmiview.VMI.BindingInterfaces.
 func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader) ([]byte, error) {
+	return ApplyInterfacesCached(ctx, domainXML, ifaces, reader, nil)
+}
+
+// ApplyInterfacesCached is ApplyInterfaces that reuses the XML of hostdevs
+// an earlier call wrote (cache may be nil).
+func ApplyInterfacesCached(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader, cache *HostdevCache) ([]byte, error) {
 	// Scan even when no interface uses the binding: the document must be a
 	// domain either way, and returning garbage unchanged would only move
 	// the failure to libvirt.
@@ -94,7 +101,7 @@ func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []vmiview.Cla
 		wanted = append(wanted, h)
 		logger.V(2).Info("VF hostdev for interface", "interface", ci.Interface.Name, "claim", ci.PodClaimName, "request", ci.RequestName, "pciBusID", h.source)
 	}
-	return doc.splice(domainXML, wanted)
+	return doc.splice(domainXML, wanted, cache)
 }
 
 // describe names an interface and its claim request for error messages.
@@ -106,6 +113,71 @@ type hostdev struct {
 	alias  string
 	source string // PCI address of the VF
 	el     *libvirtxml.DomainHostdev
+	key    specKey
+}
+
+// specKey is a vfhostdev.Spec as a comparable value.
+type specKey struct {
+	iface             string
+	source, guest     pciaddr.Address
+	hasGuest, hasBoot bool
+	boot              uint
+}
+
+func keyOf(s vfhostdev.Spec) specKey {
+	k := specKey{iface: s.Interface, source: s.Source}
+	if s.Guest != nil {
+		k.guest, k.hasGuest = *s.Guest, true
+	}
+	if s.BootOrder != nil {
+		k.boot, k.hasBoot = *s.BootOrder, true
+	}
+	return k
+}
+
+// HostdevCache keeps the XML of hostdevs earlier calls wrote, keyed by
+// everything that shapes it. virt-launcher calls OnDefineDomain two or three
+// times per VM start with the same interfaces, and marshalling through
+// libvirtxml's reflection is about a tenth of a call. Safe for concurrent
+// use; bounded.
+type HostdevCache struct {
+	mu sync.Mutex
+	m  map[cacheKey][]byte
+}
+
+type cacheKey struct {
+	spec         specKey
+	prefix, unit string
+	pretty       bool
+}
+
+// maxCachedHostdevs bounds the cache: a VM has a handful of interfaces, and
+// one sidecar serves one VM.
+const maxCachedHostdevs = 256
+
+// NewHostdevCache returns an empty cache.
+func NewHostdevCache() *HostdevCache { return &HostdevCache{m: map[cacheKey][]byte{}} }
+
+func (c *HostdevCache) get(k cacheKey) ([]byte, bool) {
+	if c == nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[k]
+	return b, ok
+}
+
+func (c *HostdevCache) put(k cacheKey, b []byte) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxCachedHostdevs {
+		clear(c.m)
+	}
+	c.m[k] = bytes.Clone(b)
 }
 
 func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader MetadataReader) (hostdev, error) {
@@ -144,7 +216,7 @@ func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader Metadata
 		}
 		spec.Guest = &guest
 	}
-	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: spec.Element()}, nil
+	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: spec.Element(), key: keyOf(spec)}, nil
 }
 
 // validAliasName reports whether libvirt accepts ua-sriov-<name> as a user

@@ -275,7 +275,7 @@ func (m *marshaller) marshal(h hostdev, prefix string) ([]byte, error) {
 // splice writes wanted into data: a hostdev whose alias is already present
 // replaces the first such element in place (later duplicates are removed);
 // the others are appended after the last child of <devices>.
-func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
+func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache) ([]byte, error) {
 	closeIndent, pretty := afterNewline(d.closeWS)
 	childIndent, ok := afterNewline(d.childWS)
 	if !ok {
@@ -297,11 +297,19 @@ func (d *document) splice(data []byte, wanted []hostdev) ([]byte, error) {
 		if indented {
 			i = 1
 		}
+		k := cacheKey{spec: h.key, prefix: prefix, unit: unit, pretty: indented}
+		if b, ok := cache.get(k); ok {
+			return b, nil
+		}
 		if ms[i] == nil {
 			ms[i] = newMarshaller(unit, indented)
 			ms[i].buf.Grow(hostdevSizeHint * len(wanted))
 		}
-		return ms[i].marshal(h, prefix)
+		b, err := ms[i].marshal(h, prefix)
+		if err == nil {
+			cache.put(k, b)
+		}
+		return b, err
 	}
 	var edits []edit
 	for _, e := range d.hostdevs {

@@ -40,7 +40,7 @@ func BenchmarkOnDefineDomain8VFs(b *testing.B) {
 		name   string
 		reader domain.MetadataReader
 	}{{"cached", metadata.NewCachingReader(root)}, {"uncached", metadata.FileReader{Root: root}}} {
-		cb := &server.Callbacks{BindingName: "vfnet", Reader: rc.reader}
+		cb := &server.Callbacks{BindingName: "vfnet", Reader: rc.reader, Hostdevs: domain.NewHostdevCache()}
 		first, err := cb.OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: q35(b), Vmi: vmi})
 		if err != nil {
 			b.Fatal(err)

@@ -35,6 +35,8 @@ type Callbacks struct {
 	BindingName string
 	// Reader finds the device behind each binding interface.
 	Reader domain.MetadataReader
+	// Hostdevs, if set, keeps the XML of hostdevs across calls.
+	Hostdevs *domain.HostdevCache
 	// OnShutdown is called (once per Shutdown RPC, without blocking the
 	// reply) to stop the server.
 	OnShutdown func()
@@ -58,7 +60,7 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	var out []byte
 	if err == nil {
 		logMigratability(logger, ifaces, target)
-		out, err = domain.ApplyInterfaces(ctx, p.GetDomainXML(), ifaces, c.Reader)
+		out, err = domain.ApplyInterfacesCached(ctx, p.GetDomainXML(), ifaces, c.Reader, c.Hostdevs)
 	}
 	if err != nil {
 		if target {

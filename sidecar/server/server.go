@@ -81,6 +81,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	v1alpha3.RegisterCallbacksServer(s.grpc, &Callbacks{
 		BindingName: cfg.BindingName,
 		Reader:      cfg.Reader,
+		Hostdevs:    domain.NewHostdevCache(),
 		OnShutdown:  s.Stop,
 	})
 	return s, nil
