@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,7 +112,11 @@ func Start(ctx context.Context, cmd *exec.Cmd, socket string) (*Sidecar, error) 
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if _, err := os.Stat(socket); err == nil {
+		// The file exists from bind(2) on, but connections are refused
+		// until listen(2): wait until one is accepted, as virt-launcher's
+		// hook manager retries a socket that is "not ready yet".
+		if c, err := net.Dial("unix", socket); err == nil {
+			c.Close()
 			return s, nil
 		}
 		select {
