@@ -52,7 +52,9 @@
 //   - bus/pci/drivers/<drv>/bind: ENOENT if the driver is not loaded,
 //     ENODEV if the device is unknown or does not match (override names
 //     another driver, or no override and the ID is not in the driver's
-//     table or new_id list), EBUSY if bound; net drivers create the netdev,
+//     table or new_id list), or the device is a VF of a PF whose
+//     sriov_drivers_autoprobe is 0 and has no override (pci_device_can_probe;
+//     drivers_probe and new_id then bind nothing), EBUSY if bound; net drivers create the netdev,
 //     vfio-pci creates /dev/vfio/<group> (after WithVFIODevDelay if set),
 //     or on NoIOMMU hosts allocates a "vfio-noiommu" group and
 //     /dev/vfio/noiommu-<N>; without a group and noiommu it is EINVAL;
