@@ -609,7 +609,7 @@ func TestConcurrentKernelAndLinks(t *testing.T) {
 
 func TestFixturesBuildAndDiscover(t *testing.T) {
 	t.Parallel()
-	want := map[string]int{"e810": 8, "cx6dx": 8, "i350": 7, "mixed": 10, "infiniband": 4, "noiommu": 8, "large": 1024,
+	want := map[string]int{"e810": 8, "cx6dx": 8, "i350": 7, "igb82576": 7, "pfdrivers": 24, "mixed": 10, "infiniband": 4, "noiommu": 8, "large": 1024,
 		"noacs": 8, "switchdev": 8, "nonuma": 8}
 	if got := FixtureNames(); len(got) != len(want) {
 		t.Fatalf("fixtures %v", got)

@@ -258,7 +258,7 @@ func (l *Links) SetMAC(pf string, vf int, mac net.HardwareAddr) error {
 
 // SetVLAN implements vflink.Links.
 func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
-	return l.update(OpSetVLAN, pf, vf, func(st *vflink.VFState, _ string) error {
+	return l.update(OpSetVLAN, pf, vf, func(st *vflink.VFState, pfDir string) error {
 		if vlan < 0 || vlan > 4095 || qos < 0 || qos > 7 || (vlan == 0 && qos != 0) {
 			return syscall.EINVAL
 		}
@@ -267,6 +267,9 @@ func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
 		}
 		if proto != vflink.VLANProto8021Q && proto != vflink.VLANProto8021AD {
 			return syscall.EPROTONOSUPPORT
+		}
+		if err := l.model(pfDir, pf).vlan(proto); err != nil {
+			return err
 		}
 		st.VLAN, st.QoS, st.VLANProto = vlan, qos, proto
 		return nil
@@ -291,7 +294,10 @@ func (l *Links) SetTrust(pf string, vf int, on bool) error {
 
 // SetLinkState implements vflink.Links.
 func (l *Links) SetLinkState(pf string, vf int, state string) error {
-	return l.update(OpSetLinkState, pf, vf, func(st *vflink.VFState, _ string) error {
+	return l.update(OpSetLinkState, pf, vf, func(st *vflink.VFState, pfDir string) error {
+		if err := l.model(pfDir, pf).linkState(); err != nil {
+			return err
+		}
 		switch state {
 		case vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable:
 			st.LinkState = state
@@ -303,11 +309,19 @@ func (l *Links) SetLinkState(pf string, vf int, state string) error {
 
 // SetRate implements vflink.Links.
 func (l *Links) SetRate(pf string, vf int, minMbps, maxMbps int) error {
-	return l.update(OpSetRate, pf, vf, func(st *vflink.VFState, _ string) error {
+	return l.update(OpSetRate, pf, vf, func(st *vflink.VFState, pfDir string) error {
 		if minMbps < 0 || maxMbps < 0 || (maxMbps != 0 && minMbps > maxMbps) {
 			return syscall.EINVAL
 		}
-		st.MinTxRateMbps, st.MaxTxRateMbps = minMbps, maxMbps
+		m, err := l.load()
+		if err != nil {
+			return err
+		}
+		stored, err := l.model(pfDir, pf).rate(minMbps, maxMbps, minRateOthers(m, pf, vf))
+		if err != nil {
+			return err
+		}
+		st.MinTxRateMbps, st.MaxTxRateMbps = minMbps, stored
 		return nil
 	})
 }
