@@ -134,6 +134,9 @@ type Result struct {
 type Phase struct {
 	Pods     int
 	Duration time.Duration
+	// Created is when the last create call returned (from the phase's
+	// start): if it is close to Duration, creating pods limited the phase.
+	Created time.Duration
 	// CPU is the CPU time each component spent during the phase.
 	CPU map[string]time.Duration
 }
@@ -534,6 +537,7 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 	if err != nil {
 		return ph, fmt.Errorf("create pods: %w", err)
 	}
+	ph.Created = time.Since(start)
 	select {
 	case <-done:
 	case <-ctx.Done():
