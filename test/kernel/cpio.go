@@ -26,7 +26,9 @@ type CPIO struct {
 }
 
 // NewCPIO starts an archive on w.
-func NewCPIO(w io.Writer) *CPIO { return &CPIO{w: w, ino: 1, dirs: map[string]bool{"": true, ".": true}} }
+func NewCPIO(w io.Writer) *CPIO {
+	return &CPIO{w: w, ino: 1, dirs: map[string]bool{"": true, ".": true}}
+}
 
 const (
 	modeDir  = 0o040000

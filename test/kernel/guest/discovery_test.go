@@ -135,13 +135,13 @@ func TestDiscoveryAndInspect(t *testing.T) {
 				deviceattribute.StandardDeviceAttributePCIBusID: vf.Address,
 				deviceattribute.StandardDeviceAttributePCIeRoot: lp.PCIeRoot,
 				deviceattribute.StandardDeviceAttributeNUMANode: fmt.Sprint(lp.NUMANode),
-				discovery.AttrNetwork:      networks()[role],
-				discovery.AttrPFName:       pf.NetDev,
-				discovery.AttrPFPCIAddress: pf.Address,
-				discovery.AttrVFIndex:      fmt.Sprint(vf.Index),
-				discovery.AttrVendorID:     intelVendor,
-				discovery.AttrDeviceID:     dev82576VF,
-				discovery.AttrLinkType:     "ethernet",
+				discovery.AttrNetwork:                           networks()[role],
+				discovery.AttrPFName:                            pf.NetDev,
+				discovery.AttrPFPCIAddress:                      pf.Address,
+				discovery.AttrVFIndex:                           fmt.Sprint(vf.Index),
+				discovery.AttrVendorID:                          intelVendor,
+				discovery.AttrDeviceID:                          dev82576VF,
+				discovery.AttrLinkType:                          "ethernet",
 			}
 		}
 	}
