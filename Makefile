@@ -8,7 +8,7 @@ export VFNET_CACHE := $(CACHE)
 # cache cannot see, so a cached pass could hide a broken binary.
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 
-.PHONY: all build test unit kubevirt-tests lint deps k8s-bin demo generate verify-generate images bench clean
+.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps lint deps k8s-bin demo generate verify-generate images bench clean
 
 all: build
 
@@ -30,6 +30,14 @@ lint:
 
 unit:
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test $(GOTEST_FLAGS) ./...
+
+# The real-kernel tier (test/kernel): a Debian kernel under QEMU with emulated
+# igb SR-IOV NICs behind an emulated IOMMU. VFNET_KERNEL_CASES=a,b runs a subset.
+kernel-deps:
+	@hack/kernel-deps.sh
+
+test-kernel: kernel-deps
+	VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 40m -run '^TestRealKernel$$' -v ./test/kernel/
 
 kubevirt-tests:
 	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -count=1 -timeout 30m ./...
