@@ -239,6 +239,18 @@ func (s *State) release(uid types.UID) {
 	delete(s.busy, uid)
 }
 
+// vfsOf lists a checkpoint entry's VFs as "device=bdf" for the log.
+func vfsOf(c *checkpoint.Claim) []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, len(c.Devices))
+	for i, d := range c.Devices {
+		out[i] = d.Device + "=" + d.BDF
+	}
+	return out
+}
+
 // Prepare implements plugin.ClaimPreparer.
 func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -249,6 +261,7 @@ func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: another prepare or unprepare of this claim is in progress", claim.Namespace, claim.Name)}
 			continue
 		}
+		start := time.Now()
 		devs, err := s.prepareClaim(cctx, claim)
 		s.release(claim.UID)
 		if err != nil {
@@ -256,6 +269,9 @@ func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
+		// One line per claim at the default verbosity: which VFs a VM got
+		// and how long the host took, for an admin reading the driver log.
+		logger.Info("Prepared claim", "vfs", vfsOf(s.entry(claim.UID)), "duration", time.Since(start))
 		out[claim.UID] = kubeletplugin.PrepareResult{Devices: devs}
 	}
 	return out, nil
@@ -271,10 +287,17 @@ func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.Namespaced
 			out[c.UID] = fmt.Errorf("claim %s: another prepare or unprepare of this claim is in progress", c.NamespacedName)
 			continue
 		}
+		start := time.Now()
+		entry := s.entry(c.UID)
 		err := s.unprepareClaim(cctx, c)
 		s.release(c.UID)
-		if err != nil {
+		switch {
+		case err != nil:
 			logger.Error(err, "Unprepare failed")
+		case entry != nil:
+			logger.Info("Unprepared claim", "vfs", vfsOf(entry), "duration", time.Since(start))
+		default:
+			logger.V(2).Info("Unprepare: claim not prepared by this driver, nothing to undo")
 		}
 		out[c.UID] = err
 	}
