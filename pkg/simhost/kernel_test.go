@@ -609,7 +609,7 @@ func TestConcurrentKernelAndLinks(t *testing.T) {
 
 func TestFixturesBuildAndDiscover(t *testing.T) {
 	t.Parallel()
-	want := map[string]int{"e810": 8, "cx6dx": 8, "i350": 7, "mixed": 10, "infiniband": 4, "noiommu": 8, "large": 1024,
+	want := map[string]int{"e810": 8, "cx6dx": 8, "i350": 7, "igb82576": 7, "pfdrivers": 24, "mixed": 10, "infiniband": 4, "noiommu": 8, "large": 1024,
 		"noacs": 8, "switchdev": 8, "nonuma": 8}
 	if got := FixtureNames(); len(got) != len(want) {
 		t.Fatalf("fixtures %v", got)
@@ -697,5 +697,34 @@ func TestBuildLeavesSpecAlone(t *testing.T) {
 	wg.Wait()
 	if spec.PFs[0].RootPort != "" {
 		t.Fatal("Build filled defaults into the caller's spec")
+	}
+}
+
+// With the PF's sriov_drivers_autoprobe at 0, the kernel probes a VF only
+// when its driver_override is set (pci_device_can_probe): an explicit bind
+// is ENODEV, drivers_probe and new_id bind nothing. Seen on 6.1 and 6.12.
+func TestAutoprobeOffNeedsOverride(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	const pf, vf = "0000:3b:00.0", "0000:3b:02.1"
+	write(t, h, "bus/pci/devices/"+pf+"/sriov_drivers_autoprobe", "0")
+	write(t, h, "bus/pci/drivers/iavf/unbind", vf)
+	wantErrno(t, h.Kernel().WriteFile("bus/pci/drivers/iavf/bind", []byte(vf)), syscall.ENODEV)
+	write(t, h, "bus/pci/drivers_probe", vf)
+	if f := fn(t, h, vf); f.Driver != "" {
+		t.Fatalf("drivers_probe bound %q", f.Driver)
+	}
+	write(t, h, "bus/pci/devices/"+vf+"/driver_override", "iavf")
+	write(t, h, "bus/pci/drivers/iavf/bind", vf)
+	if f := fn(t, h, vf); f.Driver != "iavf" {
+		t.Fatalf("bind with override: driver %q", f.Driver)
+	}
+	// Autoprobe back on: a bind without override works again.
+	write(t, h, "bus/pci/devices/"+vf+"/driver_override", "")
+	write(t, h, "bus/pci/drivers/iavf/unbind", vf)
+	write(t, h, "bus/pci/devices/"+pf+"/sriov_drivers_autoprobe", "1")
+	write(t, h, "bus/pci/drivers/iavf/bind", vf)
+	if f := fn(t, h, vf); f.Driver != "iavf" {
+		t.Fatalf("bind with autoprobe on: driver %q", f.Driver)
 	}
 }

@@ -3,6 +3,7 @@ package vflink
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"syscall"
@@ -244,6 +245,13 @@ func (n *Netlink) SetRate(pfName string, vf int, minMbps, maxMbps int) error {
 		return err
 	}
 	defer unlock()
+	// IFLA_VF_RATE holds u32 rates and the library casts without a check:
+	// 4294967396 would reach the NIC as 100.
+	for _, r := range []int{minMbps, maxMbps} {
+		if r < 0 || int64(r) > math.MaxUint32 {
+			return fmt.Errorf("set %s vf %d min_tx_rate %d max_tx_rate %d: rates must be 0-%d Mbps (the kernel's fields are 32 bits)", pfName, vf, minMbps, maxMbps, uint64(math.MaxUint32))
+		}
+	}
 	if err := n.h.LinkSetVfRate(l, vf, minMbps, maxMbps); err != nil {
 		return fmt.Errorf("set %s vf %d min_tx_rate %d max_tx_rate %d: %w", pfName, vf, minMbps, maxMbps, err)
 	}
