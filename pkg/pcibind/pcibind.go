@@ -208,6 +208,12 @@ func (b Binder) devNode(bdf string) (Bound, error) {
 // driver_override origOverride. It is idempotent and a no-op when the
 // function is already there. A function that no longer exists is an error
 // wrapping fs.ErrNotExist.
+//
+// The bind happens with driver_override naming origDriver, and the
+// original override is put back only afterwards: on a PF whose
+// sriov_drivers_autoprobe is 0 the kernel refuses to probe a VF without an
+// override (pci_device_can_probe: ENODEV), and while the VF is unbound the
+// override also keeps any other driver from claiming it.
 func (b Binder) Restore(ctx context.Context, bdf, origDriver, origOverride string) error {
 	logger := klog.FromContext(ctx)
 	cur, err := b.Driver(bdf)
@@ -218,32 +224,41 @@ func (b Binder) Restore(ctx context.Context, bdf, origDriver, origOverride strin
 	if err != nil {
 		return err
 	}
+	if cur != origDriver {
+		bindOverride := origOverride
+		if origDriver != "" {
+			bindOverride = origDriver
+		}
+		if ov != bindOverride {
+			if err := b.setOverride(bdf, bindOverride); err != nil {
+				return err
+			}
+			ov = bindOverride
+			b.hook("override-restored")
+		}
+		if cur != "" {
+			if err := b.unbind(bdf, cur); err != nil {
+				return err
+			}
+			b.hook("vfio-unbound")
+		}
+		if origDriver != "" {
+			if !b.Sysfs.DriverLoaded(origDriver) {
+				return fmt.Errorf("bind %s back to %s: driver %s is not loaded any more (load its module, then unprepare again)", bdf, origDriver, origDriver)
+			}
+			if err := b.bind(bdf, origDriver); err != nil {
+				return err
+			}
+			b.hook("driver-restored")
+			logger.V(4).Info("Restored driver", "device", bdf, "driver", origDriver)
+		}
+	}
 	if ov != origOverride {
 		if err := b.setOverride(bdf, origOverride); err != nil {
 			return err
 		}
-		b.hook("override-restored")
+		b.hook("override-cleared")
 	}
-	if cur == origDriver {
-		return nil
-	}
-	if cur != "" {
-		if err := b.unbind(bdf, cur); err != nil {
-			return err
-		}
-		b.hook("vfio-unbound")
-	}
-	if origDriver == "" {
-		return nil
-	}
-	if !b.Sysfs.DriverLoaded(origDriver) {
-		return fmt.Errorf("bind %s back to %s: driver %s is not loaded any more (load its module, then unprepare again)", bdf, origDriver, origDriver)
-	}
-	if err := b.bind(bdf, origDriver); err != nil {
-		return err
-	}
-	b.hook("driver-restored")
-	logger.V(4).Info("Restored driver", "device", bdf, "driver", origDriver)
 	return nil
 }
 

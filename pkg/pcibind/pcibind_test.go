@@ -149,3 +149,42 @@ func TestRestoreKeepsAdminOverride(t *testing.T) {
 		t.Fatalf("override %q", ov)
 	}
 }
+
+// On a PF with sriov_drivers_autoprobe=0 the kernel binds a VF only through
+// its driver_override (pci_device_can_probe); Restore must still give the VF
+// back to its driver and leave no override behind.
+func TestRestoreOnPFWithoutAutoprobe(t *testing.T) {
+	t.Parallel()
+	h, b := newHost(t, simhost.E810Host())
+	ctx := context.Background()
+	if err := h.Kernel().WriteFile("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe", []byte("0\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.BindVFIO(ctx, vf, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var steps []string
+	b.Hook = func(s string) { steps = append(steps, s) }
+	if err := b.Restore(ctx, vf, "iavf", ""); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := b.Driver(vf); d != "iavf" {
+		t.Fatalf("restored driver %q, want iavf", d)
+	}
+	if ov, _ := b.Override(vf); ov != "" {
+		t.Fatalf("override left %q", ov)
+	}
+	if got := strings.Join(steps, ","); got != "override-restored,vfio-unbound,driver-restored,override-cleared" {
+		t.Fatalf("steps %s", got)
+	}
+	// A restore interrupted after the bind (override still iavf) finishes.
+	if err := b.setOverride(vf, "iavf"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(ctx, vf, "iavf", ""); err != nil {
+		t.Fatal(err)
+	}
+	if ov, _ := b.Override(vf); ov != "" {
+		t.Fatalf("override left after re-run: %q", ov)
+	}
+}

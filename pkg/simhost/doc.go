@@ -52,7 +52,9 @@
 //   - bus/pci/drivers/<drv>/bind: ENOENT if the driver is not loaded,
 //     ENODEV if the device is unknown or does not match (override names
 //     another driver, or no override and the ID is not in the driver's
-//     table or new_id list), EBUSY if bound; net drivers create the netdev,
+//     table or new_id list), or the device is a VF of a PF whose
+//     sriov_drivers_autoprobe is 0 and has no override (pci_device_can_probe;
+//     drivers_probe and new_id then bind nothing), EBUSY if bound; net drivers create the netdev,
 //     vfio-pci creates /dev/vfio/<group> (after WithVFIODevDelay if set),
 //     or on NoIOMMU hosts allocates a "vfio-noiommu" group and
 //     /dev/vfio/noiommu-<N>; without a group and noiommu it is EINVAL;
@@ -63,6 +65,20 @@
 //   - sriov_numvfs: ERANGE above total, ENOENT without a PF driver, EBUSY
 //     for N -> M without 0 first; 0 -> N creates VFs (autoprobe binds them),
 //     N -> 0 removes them and forgets their link settings.
+//
+// PF drivers (pfdriver.go): Links answers VF settings the way the PF's
+// Linux driver does, chosen by the PF's bound driver and device ID: igb
+// refuses 802.1ad (EPROTONOSUPPORT) and any link state (EOPNOTSUPP, it has
+// no ndo_set_vf_link_state); only an 82576 rate-limits, without a minimum
+// (EINVAL), while the PF has carrier and up to 1000 Mbps (EINVAL), an I350
+// refuses every rate call (EOPNOTSUPP); i40e refuses 802.1ad and minimums,
+// bounds the maximum by the current speed and raises it to 50 Mbps; ice
+// accepts 802.1ad unless SingleVLANMode, refuses minimums with DCB
+// (EOPNOTSUPP) or when all VFs' minimums exceed the speed (EINVAL);
+// mlx5_core refuses 802.1ad; bnxt_en refuses 802.1ad (firmware without the
+// TPID capability) and rates above the speed. Fixtures I82576PF, X710PF,
+// BCM57414PF; I82576Host ("igb82576") and PFDriverHost ("pfdrivers", one
+// PF of each) are whole hosts.
 //
 // FailWrite and SetWriteHook inject failures; Links.Fail does so for the
 // VF link layer. All injection is per Host, and every method is safe for
@@ -79,5 +95,6 @@
 // each of its effects and compares with an uninterrupted run). Not modelled:
 // power loss (no fsync), a /dev/vfio node whose delay timer died with its
 // process (it never appears), a VF netdev address update racing a crash.
-// The /dev/vfio nodes are regular files.
+// The /dev/vfio nodes are regular files, or with WithCharDevNodes character
+// devices with the kernel's numbers (for a container runtime applying CDI).
 package simhost

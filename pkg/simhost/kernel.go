@@ -259,7 +259,25 @@ func (h *Host) bind(drv, bdf string) error {
 	if h.boundDriver(dir) != "" {
 		return syscall.EBUSY
 	}
+	if !h.canProbe(dir) {
+		return syscall.ENODEV
+	}
 	return h.run(intent{Op: opProbe, Drv: drv, BDF: bdf, Dir: dir})
+}
+
+// canProbe is pci_device_can_probe: a VF of a PF whose
+// sriov_drivers_autoprobe is 0 is probed only when its driver_override is
+// set. Otherwise pci_device_probe refuses with ENODEV, which an explicit
+// bind reports and drivers_probe/new_id swallow.
+func (h *Host) canProbe(dir string) bool {
+	pfDir, err := h.t.readlink(dir + "/physfn")
+	if err != nil {
+		return true // not a VF
+	}
+	if v, err := h.t.read(pfDir + "/sriov_drivers_autoprobe"); err != nil || v != "0" {
+		return true
+	}
+	return h.override(dir) != ""
 }
 
 // unbind is unbind_store: ENODEV unless the device is bound to drv.
@@ -386,7 +404,7 @@ func (h *Host) driversProbe(bdf string) error {
 	if err != nil {
 		return err
 	}
-	if h.boundDriver(dir) != "" {
+	if h.boundDriver(dir) != "" || !h.canProbe(dir) {
 		return nil
 	}
 	if drv := h.matchDriver(bdf, dir, h.override(dir)); drv != "" {
@@ -435,7 +453,7 @@ func (h *Host) newID(drv, val string) error {
 	ents, _ := os.ReadDir(h.t.abs(pciDevices))
 	for _, e := range ents {
 		dir, err := h.device(e.Name())
-		if err != nil || h.boundDriver(dir) != "" || !h.matches(drv, dir) {
+		if err != nil || h.boundDriver(dir) != "" || !h.matches(drv, dir) || !h.canProbe(dir) {
 			continue
 		}
 		_ = h.run(intent{Op: opProbe, Drv: drv, BDF: e.Name(), Dir: dir})

@@ -26,11 +26,14 @@ import (
 // Modelled kernel behaviour:
 //   - the PF is looked up by netdev name (class/net/<pf>, and it must be an
 //     SR-IOV PF): otherwise ENODEV; a VF index >= sriov_numvfs is EINVAL;
-//   - VLAN 0-4095, qos 0-7, qos without a VLAN, and protocols other than
-//     802.1Q/802.1ad are rejected (EINVAL, EPROTONOSUPPORT for the protocol);
+//   - the kernel's field widths: VLAN, qos and the rates cross netlink as
+//     u32 (a value past 32 bits arrives cut to its low 32 bits, a negative
+//     one wrapped); VLAN above 4095 (12 bits), qos above 7 (3 bits), qos
+//     without a VLAN, and protocols other than 802.1Q/802.1ad are rejected
+//     (EINVAL, EPROTONOSUPPORT for the protocol);
 //   - a MAC must be 6 bytes and unicast; all-zero clears the admin MAC, as
 //     ice, mlx5 and igb accept;
-//   - min rate <= max rate unless max is 0 (no limit); negative rates EINVAL;
+//   - min rate <= max rate unless max is 0 (no limit);
 //   - link state auto/enable/disable;
 //   - an InfiniBand PF (netdev type 32, IPoIB) supports only reading VFs and
 //     the link state; the other setters fail with EOPNOTSUPP.
@@ -258,8 +261,13 @@ func (l *Links) SetMAC(pf string, vf int, mac net.HardwareAddr) error {
 
 // SetVLAN implements vflink.Links.
 func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
-	return l.update(OpSetVLAN, pf, vf, func(st *vflink.VFState, _ string) error {
-		if vlan < 0 || vlan > 4095 || qos < 0 || qos > 7 || (vlan == 0 && qos != 0) {
+	return l.update(OpSetVLAN, pf, vf, func(st *vflink.VFState, pfDir string) error {
+		// struct ifla_vf_vlan_info carries vlan and qos as u32 (netlink
+		// converts the ints); the kernel refuses vlan > 4095 (12 bits) and
+		// qos > 7 (3 bits), so a negative value is refused too, and a value
+		// past 32 bits arrives cut to its low bits.
+		vlan, qos = int(uint32(vlan)), int(uint32(qos))
+		if vlan > 4095 || qos > 7 || (vlan == 0 && qos != 0) {
 			return syscall.EINVAL
 		}
 		if proto == "" {
@@ -267,6 +275,9 @@ func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
 		}
 		if proto != vflink.VLANProto8021Q && proto != vflink.VLANProto8021AD {
 			return syscall.EPROTONOSUPPORT
+		}
+		if err := l.model(pfDir, pf).vlan(proto); err != nil {
+			return err
 		}
 		st.VLAN, st.QoS, st.VLANProto = vlan, qos, proto
 		return nil
@@ -291,7 +302,10 @@ func (l *Links) SetTrust(pf string, vf int, on bool) error {
 
 // SetLinkState implements vflink.Links.
 func (l *Links) SetLinkState(pf string, vf int, state string) error {
-	return l.update(OpSetLinkState, pf, vf, func(st *vflink.VFState, _ string) error {
+	return l.update(OpSetLinkState, pf, vf, func(st *vflink.VFState, pfDir string) error {
+		if err := l.model(pfDir, pf).linkState(); err != nil {
+			return err
+		}
 		switch state {
 		case vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable:
 			st.LinkState = state
@@ -303,11 +317,23 @@ func (l *Links) SetLinkState(pf string, vf int, state string) error {
 
 // SetRate implements vflink.Links.
 func (l *Links) SetRate(pf string, vf int, minMbps, maxMbps int) error {
-	return l.update(OpSetRate, pf, vf, func(st *vflink.VFState, _ string) error {
-		if minMbps < 0 || maxMbps < 0 || (maxMbps != 0 && minMbps > maxMbps) {
+	return l.update(OpSetRate, pf, vf, func(st *vflink.VFState, pfDir string) error {
+		// struct ifla_vf_rate holds u32 rates: netlink cuts an int to its
+		// low 32 bits (4294967396 arrives as 100, -1 as 4294967295) and
+		// rtnetlink compares the u32 values.
+		minMbps, maxMbps = int(uint32(minMbps)), int(uint32(maxMbps))
+		if maxMbps != 0 && minMbps > maxMbps {
 			return syscall.EINVAL
 		}
-		st.MinTxRateMbps, st.MaxTxRateMbps = minMbps, maxMbps
+		m, err := l.load()
+		if err != nil {
+			return err
+		}
+		stored, err := l.model(pfDir, pf).rate(minMbps, maxMbps, minRateOthers(m, pf, vf))
+		if err != nil {
+			return err
+		}
+		st.MinTxRateMbps, st.MaxTxRateMbps = minMbps, stored
 		return nil
 	})
 }

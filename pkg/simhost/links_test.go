@@ -230,3 +230,38 @@ func TestLinksInfiniband(t *testing.T) {
 		}
 	}
 }
+
+// The rates cross netlink as u32 (struct ifla_vf_rate): a value past 32
+// bits reaches the PF cut to its low bits, as on a real NIC, so a driver
+// that forgot the bound would read back a different rate. VLAN and qos
+// are u32 too; the kernel refuses past 12 and 3 bits.
+func TestLinksRateFieldWidths(t *testing.T) {
+	t.Parallel()
+	h := build(t, ConnectX6DxHost()) // mlx5 stores any max rate
+	l := h.Links()
+	const pf = "ens8f0np0"
+	if err := l.SetRate(pf, 1, 0, 4294967396); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := l.VF(pf, 1); st.MaxTxRateMbps != 100 {
+		t.Fatalf("max rate 4294967396 reads back %d, want 100 (low 32 bits)", st.MaxTxRateMbps)
+	}
+	if err := l.SetRate(pf, 1, 0, 4294967295); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := l.VF(pf, 1); st.MaxTxRateMbps != 4294967295 {
+		t.Fatalf("max rate at the 32-bit bound reads back %d", st.MaxTxRateMbps)
+	}
+	// 1<<32 + 5 arrives as VLAN 5; 1<<32 + 4096 is refused like 4096.
+	if err := l.SetVLAN(pf, 2, 1<<32+5, 0, vflink.VLANProto8021Q); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := l.VF(pf, 2); st.VLAN != 5 {
+		t.Fatalf("VLAN 1<<32+5 reads back %d, want 5", st.VLAN)
+	}
+	for _, c := range []struct{ vlan, qos int }{{4096, 0}, {1<<32 + 4096, 0}, {10, 8}, {10, -1}} {
+		if err := l.SetVLAN(pf, 2, c.vlan, c.qos, vflink.VLANProto8021Q); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("vlan %d qos %d: %v, want EINVAL", c.vlan, c.qos, err)
+		}
+	}
+}

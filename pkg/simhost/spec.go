@@ -90,6 +90,15 @@ type PFSpec struct {
 	// in NVIDIA's switchdev documentation renames them (ens8f0_3), which
 	// sorts before the uplink ens8f0np0.
 	Switchdev bool `json:"switchdev,omitempty"`
+	// LinkSpeedMbps is the PF's link speed while it has carrier; rate
+	// limits are checked against it (0: the driver's usual speed, igb 1000,
+	// i40e 10000, ice and bnxt_en 25000, mlx5_core 100000).
+	LinkSpeedMbps int `json:"linkSpeedMbps,omitempty"`
+	// SingleVLANMode: an ice PF without double VLAN mode (DDP package or
+	// NVM too old), which refuses 802.1ad port VLANs.
+	SingleVLANMode bool `json:"singleVLANMode,omitempty"`
+	// DCB is enabled on the PF: ice then refuses VF minimum rates.
+	DCB bool `json:"dcb,omitempty"`
 }
 
 // The PCI IDs and drivers of the modelled NICs.
@@ -284,6 +293,8 @@ var fixtures = map[string]func() Spec{
 	"e810":       E810Host,
 	"cx6dx":      ConnectX6DxHost,
 	"i350":       I350Host,
+	"igb82576":   I82576Host,
+	"pfdrivers":  PFDriverHost,
 	"mixed":      MixedHost,
 	"infiniband": InfinibandHost,
 	"noiommu":    NoIOMMUHost,

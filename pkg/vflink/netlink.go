@@ -2,6 +2,7 @@ package vflink
 
 import (
 	"fmt"
+	"math"
 	"net"
 
 	"github.com/vishvananda/netlink"
@@ -155,6 +156,13 @@ func (n Netlink) SetRate(pfName string, vf int, minMbps, maxMbps int) error {
 	l, err := n.link(pfName)
 	if err != nil {
 		return err
+	}
+	// IFLA_VF_RATE holds u32 rates and the library casts without a check:
+	// 4294967396 would reach the NIC as 100.
+	for _, r := range []int{minMbps, maxMbps} {
+		if r < 0 || int64(r) > math.MaxUint32 {
+			return fmt.Errorf("set %s vf %d min_tx_rate %d max_tx_rate %d: rates must be 0-%d Mbps (the kernel's fields are 32 bits)", pfName, vf, minMbps, maxMbps, uint64(math.MaxUint32))
+		}
 	}
 	if err := netlink.LinkSetVfRate(l, vf, minMbps, maxMbps); err != nil {
 		return fmt.Errorf("set %s vf %d min_tx_rate %d max_tx_rate %d: %w", pfName, vf, minMbps, maxMbps, err)

@@ -11,10 +11,13 @@ package v1alpha1
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 
+	"github.com/vfnet-io/vfnet/pkg/clip"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
@@ -30,7 +33,19 @@ const (
 const (
 	MaxVLAN = 4094
 	MaxQoS  = 7
+	// MaxTxRateMbps is the largest rate the kernel can hold: min_tx_rate
+	// and max_tx_rate are 32-bit fields of IFLA_VF_RATE. Netlink would
+	// silently cut a larger value to its low 32 bits (4294967396 Mbps
+	// becomes 100 Mbps), so larger values are refused here.
+	MaxTxRateMbps = math.MaxUint32
 )
+
+// maxEcho bounds how much of a user's value an error repeats.
+const maxEcho = clip.Max
+
+// maxDecodeError bounds a decode error's text, which may quote an unknown
+// field's name or a number's literal.
+const maxDecodeError = 256
 
 // VFConfig is the per-VF configuration a claim or class may carry.
 type VFConfig struct {
@@ -60,13 +75,18 @@ func Decode(raw []byte) (*VFConfig, error) {
 	dec.DisallowUnknownFields()
 	var c VFConfig
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("decode %s %s: %w (allowed fields: mac, vlan, qos, vlanProtocol, spoofChk, trust, linkState, minTxRateMbps, maxTxRateMbps)", APIVersion, Kind, err)
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && (ute.Field == "minTxRateMbps" || ute.Field == "maxTxRateMbps") {
+			// A number beyond int64 (or a fraction) lands here before Validate sees it.
+			return nil, fmt.Errorf("invalid %s: %s: %s is not a whole number of Mbps; allowed 0 (no limit) to %d", Kind, ute.Field, clip.String(ute.Value, maxEcho), uint64(MaxTxRateMbps))
+		}
+		return nil, fmt.Errorf("decode %s %s: %s (allowed fields: mac, vlan, qos, vlanProtocol, spoofChk, trust, linkState, minTxRateMbps, maxTxRateMbps)", APIVersion, Kind, clip.String(err.Error(), maxDecodeError))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("decode %s %s: trailing data after the object", APIVersion, Kind)
 	}
 	if c.APIVersion != APIVersion || c.Kind != Kind {
-		return nil, fmt.Errorf("opaque config has apiVersion %q kind %q; want apiVersion %q kind %q", c.APIVersion, c.Kind, APIVersion, Kind)
+		return nil, fmt.Errorf("opaque config has apiVersion %s kind %s; want apiVersion %q kind %q", clip.Quote(c.APIVersion, maxEcho), clip.Quote(c.Kind, maxEcho), APIVersion, Kind)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -89,20 +109,26 @@ func (c *VFConfig) Validate() error {
 		errs = append(errs, fmt.Sprintf("qos: %d is out of range; allowed 0-%d", *c.QoS, MaxQoS))
 	}
 	if c.VLANProtocol != nil && *c.VLANProtocol != vflink.VLANProto8021Q && *c.VLANProtocol != vflink.VLANProto8021AD {
-		errs = append(errs, fmt.Sprintf("vlanProtocol: %q is not allowed; allowed %q or %q", *c.VLANProtocol, vflink.VLANProto8021Q, vflink.VLANProto8021AD))
+		errs = append(errs, fmt.Sprintf("vlanProtocol: %s is not allowed; allowed %q or %q", clip.Quote(*c.VLANProtocol, maxEcho), vflink.VLANProto8021Q, vflink.VLANProto8021AD))
 	}
 	if c.LinkState != nil {
 		switch *c.LinkState {
 		case vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable:
 		default:
-			errs = append(errs, fmt.Sprintf("linkState: %q is not allowed; allowed %q, %q or %q", *c.LinkState, vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable))
+			errs = append(errs, fmt.Sprintf("linkState: %s is not allowed; allowed %q, %q or %q", clip.Quote(*c.LinkState, maxEcho), vflink.LinkStateAuto, vflink.LinkStateEnable, vflink.LinkStateDisable))
 		}
 	}
-	if c.MinTxRateMbps != nil && *c.MinTxRateMbps < 0 {
-		errs = append(errs, fmt.Sprintf("minTxRateMbps: %d is negative; allowed 0 (no limit) or more", *c.MinTxRateMbps))
-	}
-	if c.MaxTxRateMbps != nil && *c.MaxTxRateMbps < 0 {
-		errs = append(errs, fmt.Sprintf("maxTxRateMbps: %d is negative; allowed 0 (no limit) or more", *c.MaxTxRateMbps))
+	for _, r := range []struct {
+		field string
+		v     *int
+	}{{"minTxRateMbps", c.MinTxRateMbps}, {"maxTxRateMbps", c.MaxTxRateMbps}} {
+		switch {
+		case r.v == nil:
+		case *r.v < 0:
+			errs = append(errs, fmt.Sprintf("%s: %d is negative; allowed 0 (no limit) to %d", r.field, *r.v, uint64(MaxTxRateMbps)))
+		case int64(*r.v) > MaxTxRateMbps:
+			errs = append(errs, fmt.Sprintf("%s: %d is above %d, the largest rate the kernel's 32-bit field holds; allowed 0 (no limit) to %d", r.field, *r.v, uint64(MaxTxRateMbps), uint64(MaxTxRateMbps)))
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid %s: %s", Kind, strings.Join(errs, "; "))
@@ -133,13 +159,13 @@ func (c *VFConfig) ValidateMerged() error {
 func ParseMAC(s string) (net.HardwareAddr, error) {
 	hw, err := net.ParseMAC(s)
 	if err != nil || len(hw) != 6 {
-		return nil, fmt.Errorf("mac: %q is not a 48-bit MAC address; allowed form 02:00:00:00:00:01", s)
+		return nil, fmt.Errorf("mac: %s is not a 48-bit MAC address; allowed form 02:00:00:00:00:01", clip.Quote(s, maxEcho))
 	}
 	if hw[0]&1 == 1 {
-		return nil, fmt.Errorf("mac: %q is a multicast address; allowed: unicast addresses (first octet even)", s)
+		return nil, fmt.Errorf("mac: %q is a multicast address; allowed: unicast addresses (first octet even)", hw.String())
 	}
 	if bytes.Equal(hw, make(net.HardwareAddr, 6)) {
-		return nil, fmt.Errorf("mac: %q is all zeros; allowed: a non-zero unicast address", s)
+		return nil, fmt.Errorf("mac: %q is all zeros; allowed: a non-zero unicast address", hw.String())
 	}
 	return hw, nil
 }

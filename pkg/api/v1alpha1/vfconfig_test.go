@@ -100,3 +100,63 @@ func TestApply(t *testing.T) {
 		t.Fatalf("empty config changed VLAN: %+v", got)
 	}
 }
+
+// min_tx_rate and max_tx_rate are 32-bit in the kernel (IFLA_VF_RATE):
+// netlink would cut 4294967396 Mbps to 100 Mbps. Such values are refused
+// with the bound and the field's name; the bound itself is accepted.
+func TestRateBounds(t *testing.T) {
+	t.Parallel()
+	cfg := func(field, v string) []byte {
+		return []byte(`{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","` + field + `":` + v + `}`)
+	}
+	for _, field := range []string{"minTxRateMbps", "maxTxRateMbps"} {
+		if c, err := Decode(cfg(field, "4294967295")); err != nil {
+			t.Errorf("%s at the bound: %v", field, err)
+		} else if v := c.MinTxRateMbps; field == "minTxRateMbps" && (v == nil || *v != 4294967295) {
+			t.Errorf("%s decoded as %v", field, v)
+		}
+		for _, v := range []string{"4294967296", "4294967396", "9223372036854775807"} {
+			_, err := Decode(cfg(field, v))
+			if err == nil || !strings.Contains(err.Error(), field+": "+v+" is above 4294967295") {
+				t.Errorf("%s=%s: %v", field, v, err)
+			}
+		}
+		// Beyond int64 and fractions fail in decoding; the error still
+		// names the field and the range.
+		for _, v := range []string{"1e400", "184467440737095516160", "1.5"} {
+			_, err := Decode(cfg(field, v))
+			if err == nil || !strings.Contains(err.Error(), field+": ") || !strings.Contains(err.Error(), "allowed 0 (no limit) to 4294967295") {
+				t.Errorf("%s=%s: %v", field, v, err)
+			}
+		}
+	}
+}
+
+// A claim can hold megabytes; errors repeat at most a bounded prefix of
+// what the user wrote.
+func TestErrorsClipEchoedValues(t *testing.T) {
+	t.Parallel()
+	huge := strings.Repeat("z", 1<<20)
+	hugeNum := strings.Repeat("9", 1<<16)
+	for _, tc := range []struct{ name, in, want string }{
+		{"mac", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","mac":"` + huge + `"}`, "mac: "},
+		{"vlanProtocol", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","vlanProtocol":"` + huge + `"}`, "vlanProtocol: "},
+		{"linkState", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","linkState":"` + huge + `"}`, "linkState: "},
+		{"kind", `{"apiVersion":"vfnet.io/v1alpha1","kind":"` + huge + `"}`, "want apiVersion"},
+		{"apiVersion", `{"apiVersion":"` + huge + `","kind":"VFConfig"}`, "want apiVersion"},
+		{"unknown field", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","` + huge + `":1}`, "unknown field"},
+		{"rate literal", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","maxTxRateMbps":` + hugeNum + `}`, "maxTxRateMbps: "},
+		{"vlan literal", `{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","vlan":` + hugeNum + `}`, "vlan"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Decode([]byte(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error containing %q, got %.300v", tc.want, err)
+			}
+			if n := len(err.Error()); n > 600 {
+				t.Fatalf("error is %d bytes: %.300s...", n, err.Error())
+			}
+		})
+	}
+}
