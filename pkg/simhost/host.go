@@ -36,6 +36,9 @@ type persisted struct {
 	CharDevNodes bool `json:"charDevNodes,omitempty"`
 	// DynIDs are IDs added through new_id, per driver ("8086 1889").
 	DynIDs map[string][]string `json:"dynIDs,omitempty"`
+	// Boot is the spec as built: what Reboot restores (Spec follows
+	// netdev renames, which do not survive a reboot).
+	Boot *Spec `json:"boot,omitempty"`
 }
 
 // Option changes how a Host is built or opened.
@@ -166,7 +169,11 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 			return nil, fmt.Errorf("build synthetic host: %s is not empty; use Open to continue an existing host", d)
 		}
 	}
-	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs}
+	boot, err := cloneSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs, Boot: &boot}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
 	}
