@@ -105,7 +105,7 @@ func TestRealKernel(t *testing.T) {
 	}
 	defer logf.Close()
 	var console bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
 	step = time.Now()
 	runErr := env.Run(ctx, initrd, cases, lay.APIServer != "", io.MultiWriter(logf, &console))

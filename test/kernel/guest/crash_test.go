@@ -224,7 +224,9 @@ func TestConcurrentAndKilled(t *testing.T) {
 		t.Run(fmt.Sprintf("unprepare-killed-at-%d", at), func(t *testing.T) {
 			dir := newDir(t)
 			before := m.vfState(t, pf, vf)
-			runKilled(t, dir, "prepare", 0)
+			if err := prepareClaim(ctx, m.state(t, dir, nil, c), c); err != nil {
+				t.Fatalf("prepare: %v", err)
+			}
 			_, step := runKilled(t, dir, "unprepare", at)
 			t.Logf("killed after %s: %s", step, m.vfState(t, pf, vf))
 			s := m.state(t, dir, nil, c)

@@ -110,9 +110,9 @@ func runCase(name, test string) {
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 16*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "/init", "-test.run", "^"+test+"$", "-test.v", "-test.timeout", "7m")
+	cmd := exec.CommandContext(ctx, "/init", "-test.run", "^"+test+"$", "-test.v", "-test.timeout", "15m")
 	cmd.Env = append(os.Environ(), envCase+"=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "TMPDIR=/tmp")
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
