@@ -52,8 +52,16 @@ func TestKillHelper(t *testing.T) {
 		n++
 		fmt.Fprintln(steps, step)
 		if n == at {
-			_ = os.WriteFile(filepath.Join(dir, "stopped"), []byte(step), 0o644)
-			select {} // wait for SIGKILL
+			// Renamed into place: the parent never reads a half-written name.
+			tmp := filepath.Join(dir, "stopped.tmp")
+			if err := os.WriteFile(tmp, []byte(step), 0o644); err == nil {
+				_ = os.Rename(tmp, filepath.Join(dir, "stopped"))
+			}
+			// Wait for SIGKILL. A sleep, not an empty select: with no other
+			// goroutine left the runtime would call that a deadlock and exit.
+			for {
+				time.Sleep(time.Hour)
+			}
 		}
 	}, c)
 	ctx := context.Background()
