@@ -2,10 +2,12 @@ package discovery
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
@@ -132,8 +134,8 @@ func TestBuildMixedHost(t *testing.T) {
 	checkString(t, attrs, "vfnet.io/vendorID", "15b3")
 	checkString(t, attrs, "vfnet.io/network", "physnet-b")
 	checkInt(t, attrs, "vfnet.io/vfIndex", 3)
-	if len(attrs) != 10 {
-		t.Errorf("ConnectX VF has %d attributes, want 10: %v", len(attrs), attrs)
+	if len(attrs) != 15 {
+		t.Errorf("ConnectX VF has %d attributes, want 15: %v", len(attrs), attrs)
 	}
 }
 
@@ -524,5 +526,83 @@ func TestBuildWrongNetnsPublishesNothing(t *testing.T) {
 	}
 	if !strings.Contains(res.Why, "none of the 2 selected PF netdevs is in network namespace "+podNs) || !strings.Contains(res.Why, "--host-netns") {
 		t.Errorf("why: %s", res.Why)
+	}
+}
+
+// Every offered VF carries its PF's driver and what that driver applies,
+// and a DeviceClass selector on them picks exactly the right PFs.
+func TestPFSupportAttributes(t *testing.T) {
+	t.Parallel()
+	h, err := simhost.Build(t.TempDir(), simhost.PFDriverHost())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	pfs, err := h.Sysfs().Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, "pfs:\n- vendorID: \"8086\"\n  network: intel\n- vendorID: \"15b3\"\n  network: nvidia\n- vendorID: \"14e4\"\n  network: broadcom\n")
+	res, err := Build(pfs, cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		driver                                      string
+		vlan8021ad, linkState, minTxRate, maxTxRate bool
+	}
+	want := map[string]row{
+		"0000:01:00.0": {"igb", false, false, false, true},  // 82576: rate limit while the link is up
+		"0000:02:00.0": {"igb", false, false, false, false}, // I350
+		"0000:3b:00.0": {"ice", true, true, true, true},
+		"0000:5e:00.0": {"i40e", false, true, false, true},
+		"0000:af:00.0": {"bnxt_en", true, true, true, true},
+		"0000:d8:00.0": {"mlx5_core", false, true, true, true},
+	}
+	seen := map[string]int{}
+	for _, d := range res.Devices {
+		w, ok := want[d.PFAddress]
+		if !ok {
+			t.Fatalf("unexpected device %s of %s", d.Name, d.PFAddress)
+		}
+		seen[d.PFAddress]++
+		attrs := d.Attributes()
+		checkString(t, attrs, "vfnet.io/pfDriver", w.driver)
+		for name, v := range map[resourceapi.QualifiedName]bool{
+			AttrSupportsVlan8021ad: w.vlan8021ad, AttrSupportsLinkState: w.linkState,
+			AttrSupportsMinTxRate: w.minTxRate, AttrSupportsMaxTxRate: w.maxTxRate,
+		} {
+			if a, ok := attrs[name]; !ok || a.BoolValue == nil || *a.BoolValue != v {
+				t.Errorf("%s (%s): %s = %+v, want %v", d.Name, w.driver, name, a, v)
+			}
+		}
+	}
+	if len(seen) != len(want) {
+		t.Errorf("devices per PF %v, want every PF of %v", seen, want)
+	}
+
+	// The selectors README shows, evaluated as the scheduler does.
+	for expr, wantPFs := range map[string]string{
+		`device.attributes["vfnet.io"].supportsVlan8021ad`:                                                   "0000:3b:00.0 0000:af:00.0",
+		`device.attributes["vfnet.io"].supportsLinkState && device.attributes["vfnet.io"].supportsMaxTxRate`: "0000:3b:00.0 0000:5e:00.0 0000:af:00.0 0000:d8:00.0",
+		`device.attributes["vfnet.io"].pfDriver == "igb"`:                                                    "0000:01:00.0 0000:02:00.0",
+	} {
+		c := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
+		if c.Error != nil {
+			t.Fatalf("%s: %v", expr, c.Error)
+		}
+		var got []string
+		for _, d := range res.Devices {
+			ok, _, err := c.DeviceMatches(t.Context(), cel.Device{Driver: DriverName, Attributes: d.Attributes()})
+			if err != nil {
+				t.Fatalf("%s on %s: %v", expr, d.Name, err)
+			}
+			if ok && !slices.Contains(got, d.PFAddress) {
+				got = append(got, d.PFAddress)
+			}
+		}
+		if strings.Join(got, " ") != wantPFs {
+			t.Errorf("%s selects PFs %v, want %s", expr, got, wantPFs)
+		}
 	}
 }
