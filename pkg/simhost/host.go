@@ -97,6 +97,9 @@ type Host struct {
 	links  *Links
 	closed bool
 	stamp  fileStamp // of host.json as last read or written
+	// delayPinned: this process was opened WithVFIODevDelay, so another
+	// process's SetVFIODevDelay does not change its delay.
+	delayPinned bool
 	// building is set while Build lays out the tree: no delayed nodes.
 	building bool
 }
@@ -134,6 +137,9 @@ func (h *Host) reloadState() {
 	}
 	h.st.DynIDs = st.DynIDs
 	h.st.Spec.PFs = st.Spec.PFs // netdev renames
+	if !h.delayPinned {
+		h.st.VFIODevDelay = st.VFIODevDelay
+	}
 	h.index()
 	h.stamp = stampOf(h.statePath())
 }
@@ -228,6 +234,11 @@ func Open(root string, opts ...Option) (*Host, error) {
 		return nil, err
 	}
 	h.stamp = stampOf(p)
+	h.delayPinned = o.vfioDelay != nil
+	if err := h.coldplug(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("open simulated host: %w", err)
+	}
 	return h, nil
 }
 
@@ -1094,6 +1105,44 @@ func makeDevNode(p string, charDev bool, major, minor uint32, perm uint32) error
 	}
 	// mknod applies the umask.
 	return unix.Chmod(p, perm)
+}
+
+// coldplug creates the /dev/vfio node of every group with a member on
+// vfio-pci that has none (after the configured delay), as udev does for
+// events it has not handled yet: a process that died with a node pending
+// (a driver killed while it waited for it) does not leave it missing for
+// good.
+func (h *Host) coldplug() error {
+	unlock := h.lock()
+	defer unlock()
+	ents, err := os.ReadDir(h.t.abs(iommuDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range ents {
+		g := e.Name()
+		if _, err := strconv.Atoi(g); err != nil || !h.groupHasVFIO(g, "") {
+			continue
+		}
+		node := g
+		if name, err := h.t.read(iommuDir + "/" + g + "/name"); err == nil && name == sysfs.NoIOMMUGroupName {
+			node = "noiommu-" + g
+		}
+		if err := h.scheduleDevNode(g, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetVFIODevDelay changes the delay of /dev/vfio nodes for every process
+// using this host (stored in the tree; processes opened WithVFIODevDelay
+// keep theirs). Nodes already pending keep their timers.
+func (h *Host) SetVFIODevDelay(d time.Duration) error {
+	unlock := h.lock()
+	defer unlock()
+	h.st.VFIODevDelay = d
+	return h.saveState()
 }
 
 // groupHasVFIO reports whether a member of group other than except is bound
