@@ -4,10 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
 	"github.com/vfnet-io/vfnet/test/flow"
@@ -20,7 +26,7 @@ import (
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
+	if err := env.ApplyManifestsWith(ctx, "prometheus-scrape"); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
@@ -37,6 +43,10 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The driver pod carries the scrape annotations of the optional
+	// component, pointing at the port and path the driver serves.
+	checkScrapeAnnotations(t, n.DriverPod)
+	checkPodMonitor(ctx, t, env, n.DriverPod)
 	get := func() scrape.Families {
 		t.Helper()
 		f, err := scrape.Get(ctx, http.DefaultClient, n.MetricsURL())
@@ -168,3 +178,54 @@ func TestMetrics(t *testing.T) {
 }
 
 func must(v float64, _ bool) float64 { return v }
+
+func healthPort(pod *corev1.Pod) (corev1.ContainerPort, bool) {
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name == "health" {
+				return p, true
+			}
+		}
+	}
+	return corev1.ContainerPort{}, false
+}
+
+func checkScrapeAnnotations(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	port, ok := healthPort(pod)
+	a := pod.Annotations
+	if !ok || a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != strconv.Itoa(int(port.ContainerPort)) || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("driver pod annotations %v, health port %v: want prometheus.io/scrape, port and path of /metrics", a, port)
+	}
+}
+
+// checkPodMonitor renders components/podmonitor (no Prometheus Operator
+// here to apply it to) and checks it selects the driver pod and names its
+// health port.
+func checkPodMonitor(ctx context.Context, t *testing.T, env *flow.Env, pod *corev1.Pod) {
+	t.Helper()
+	out, err := env.Plane.Kubectl(ctx, nil, "kustomize", filepath.Join(env.Repo, "manifests", "components", "podmonitor"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pm struct {
+		Kind     string
+		Metadata metav1.ObjectMeta
+		Spec     struct {
+			Selector            metav1.LabelSelector
+			PodMetricsEndpoints []struct{ Port, Path string } `json:"podMetricsEndpoints"`
+		}
+	}
+	if err := yaml.Unmarshal(out, &pm); err != nil {
+		t.Fatalf("PodMonitor: %v\n%s", err, out)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&pm.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := healthPort(pod)
+	if pm.Kind != "PodMonitor" || pm.Metadata.Namespace != pod.Namespace || !sel.Matches(labels.Set(pod.Labels)) ||
+		len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != port.Name || pm.Spec.PodMetricsEndpoints[0].Path != "/metrics" {
+		t.Errorf("PodMonitor does not select the driver pod's health port:\n%s", out)
+	}
+}
