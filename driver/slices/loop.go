@@ -39,7 +39,10 @@ type LoopOptions struct {
 	// NoIOMMUMode and Holders feed discovery.Options (nil: off / unknown).
 	NoIOMMUMode func() bool
 	Holders     func(nodes []string) (map[string][]string, error)
-	Publisher   Publisher
+	// Resolve feeds discovery.Options: PF netdevs the VF link layer cannot
+	// find are not offered (nil: not checked).
+	Resolve   func(netdev string) error
+	Publisher Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
 	// OnPublish, if set, sees every successful publication (metrics).
@@ -104,7 +107,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
-	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders}
+	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
 		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
 	}
@@ -133,11 +136,12 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		logger.Info(res.Why)
 	}
 	l.lastWhy = res.Why
-	if err := l.opts.Publisher.PublishResources(ctx, DriverResources(l.opts.NodeName, res.Devices)); err != nil {
+	resources := DriverResources(l.opts.NodeName, res.Devices)
+	if err := l.opts.Publisher.PublishResources(ctx, resources); err != nil {
 		return false, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
-		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice))
+		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice), "digest", Digest(resources))
 	if l.opts.OnPublish != nil {
 		l.opts.OnPublish(time.Now())
 	}
