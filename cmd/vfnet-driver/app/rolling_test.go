@@ -43,6 +43,9 @@ type driverProc struct {
 	done chan error
 	dra  drapb.DRAPluginClient
 	dead atomic.Bool
+	// inflight counts the kubelet's calls in progress; failed counts the
+	// calls that failed and were retried through another instance.
+	inflight, failed atomic.Int32
 }
 
 var (
@@ -267,6 +270,7 @@ func call(insts []*driverProc, pref int, claim *drapb.Claim, prepare bool) error
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+		d.inflight.Add(1)
 		var msg string
 		if prepare {
 			resp, err := d.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claim}})
@@ -288,9 +292,11 @@ func call(insts []*driverProc, pref int, claim *drapb.Claim, prepare bool) error
 			}
 		}
 		cancel()
+		d.inflight.Add(-1)
 		if msg == "" {
 			return nil
 		}
+		d.failed.Add(1)
 		errs = append(errs, fmt.Errorf("%s: %s", d.name, msg))
 	}
 	return errors.Join(errs...)
@@ -413,7 +419,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	for i := range storm {
 		claims[i] = createClaim(t, client, node, fmt.Sprintf("s%02d", i), devices[1+i], 1+i)
 	}
-	var prepared atomic.Int32
+	var prepared, inflight atomic.Int32
 	var killOnce sync.Once
 	var wg sync.WaitGroup
 	errs := make([]error, storm)
@@ -424,7 +430,10 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 				return
 			}
 			if prepared.Add(1) == storm/3 {
-				killOnce.Do(func() { a.kill(t) })
+				killOnce.Do(func() {
+					inflight.Store(a.inflight.Load())
+					a.kill(t)
+				})
 			}
 			if err := call(insts, (i+1)%2, claims[i], false); err != nil {
 				errs[i] = fmt.Errorf("unprepare %s: %w", claims[i].Name, err)
@@ -438,6 +447,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	if !a.dead.Load() {
 		t.Fatal("instance A was not killed during the storm")
 	}
+	t.Logf("A was SIGKILLed with %d kubelet calls in flight; %d calls through A failed and were retried through B", inflight.Load(), a.failed.Load())
 	if d := diffStates(initial, vfStates(t, h)); d != "" {
 		t.Fatalf("VFs not restored after the storm:\n%s", d)
 	}
