@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
@@ -39,6 +41,7 @@ type Option func(*options)
 type options struct {
 	vfioDelay *time.Duration
 	devRoot   string
+	clock     clock.PassiveClock
 }
 
 // WithVFIODevDelay makes /dev/vfio/<group> appear d after the vfio-pci bind
@@ -74,6 +77,9 @@ type Host struct {
 	stamp  fileStamp // of host.json as last read or written
 	// building is set while Build lays out the tree: no delayed nodes.
 	building bool
+	// clock dates VF resets; resets says how long they last (SetVFResets).
+	clock  clock.PassiveClock
+	resets VFResets
 }
 
 // fileStamp identifies a version of a file replaced by rename.
@@ -146,6 +152,9 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.clock != nil {
+		h.clock = o.clock
+	}
 	h.building = true
 	err = h.build()
 	h.building = false
@@ -200,13 +209,16 @@ func Open(root string, opts ...Option) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.clock != nil {
+		h.clock = o.clock
+	}
 	h.stamp = stampOf(p)
 	return h, nil
 }
 
 func newHost(root string, st persisted) (*Host, error) {
 	h := &Host{t: tree{root: root}, devRoot: st.DevRoot, st: st, lockFD: -1,
-		timers: map[string]*time.Timer{}}
+		timers: map[string]*time.Timer{}, clock: clock.RealClock{}}
 	h.index()
 	if err := os.MkdirAll(filepath.Join(root, stateDir), 0o755); err != nil {
 		return nil, err
