@@ -105,7 +105,7 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	final := w.SpecPath(claimUID)
 	// Validate exactly the bytes we are about to install, the way a runtime
 	// will read them, before they become visible under a .json name.
-	tmp := filepath.Join(w.Root, "."+filepath.Base(final)+".validate")
+	tmp := filepath.Join(w.Root, validateName(filepath.Base(final)))
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return nil, fmt.Errorf("write CDI spec %s: %w", tmp, err)
 	}
@@ -122,6 +122,16 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 		ids[i] = DeviceID(claimUID, d.Name)
 	}
 	return ids, nil
+}
+
+func validateName(spec string) string { return "." + spec + ".validate" }
+
+// TempGlobs match the temporary files Write creates in Root; a crash in the
+// middle of Write leaves them behind.
+func (w Writer) TempGlobs() []string {
+	name := cdiapi.GenerateTransientSpecName(Vendor, Class, "*") + ".json"
+	root := checkpoint.GlobEscape(w.Root)
+	return []string{filepath.Join(root, checkpoint.TempGlob(name)), filepath.Join(root, validateName(name))}
 }
 
 // Remove deletes the claim's spec; a missing spec is not an error.

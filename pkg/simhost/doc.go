@@ -95,5 +95,6 @@
 // each of its effects and compares with an uninterrupted run). Not modelled:
 // power loss (no fsync), a /dev/vfio node whose delay timer died with its
 // process (it never appears), a VF netdev address update racing a crash.
-// The /dev/vfio nodes are regular files.
+// The /dev/vfio nodes are regular files, or with WithCharDevNodes character
+// devices with the kernel's numbers (for a container runtime applying CDI).
 package simhost

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
@@ -31,6 +32,9 @@ type persisted struct {
 	DevRoot string `json:"devRoot"`
 	// VFIODevDelay delays /dev/vfio/<group> after a vfio-pci bind (udev).
 	VFIODevDelay time.Duration `json:"vfioDevDelay,omitempty"`
+	// CharDevNodes makes the /dev/vfio nodes character devices (mknod)
+	// instead of regular files.
+	CharDevNodes bool `json:"charDevNodes,omitempty"`
 	// DynIDs are IDs added through new_id, per driver ("8086 1889").
 	DynIDs map[string][]string `json:"dynIDs,omitempty"`
 }
@@ -42,6 +46,7 @@ type options struct {
 	vfioDelay *time.Duration
 	devRoot   string
 	clock     clock.PassiveClock
+	charDevs  bool
 }
 
 // WithVFIODevDelay makes /dev/vfio/<group> appear d after the vfio-pci bind
@@ -56,6 +61,22 @@ func WithVFIODevDelay(d time.Duration) Option {
 // the sysfs root (Build), or makes a reopened host use dir (Open; the
 // choice is not stored).
 func WithDevRoot(dir string) Option { return func(o *options) { o.devRoot = dir } }
+
+// WithCharDevNodes makes the /dev/vfio nodes character devices, as the
+// kernel's are (vfio/vfio is 10:196, a group node 240:<group number>, the
+// major vfio allocates dynamically on a real host), instead of regular
+// files. A container runtime applying a CDI spec that names them needs
+// this: it copies the node's type and numbers into the container. Needs
+// CAP_MKNOD. Stored in the tree (Build only), so a driver reopening the host
+// keeps it.
+func WithCharDevNodes() Option { return func(o *options) { o.charDevs = true } }
+
+// VFIO device numbers of the simulated nodes (WithCharDevNodes).
+const (
+	VFIOContainerMajor = 10
+	VFIOContainerMinor = 196
+	VFIOGroupMajor     = 240
+)
 
 // Host is a built synthetic host: a sysfs tree, a /dev tree, the simulated
 // kernel that applies attribute writes to them and the simulated VF link
@@ -144,7 +165,7 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 			return nil, fmt.Errorf("build synthetic host: %s is not empty; use Open to continue an existing host", d)
 		}
 	}
-	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot}
+	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
 	}
@@ -199,9 +220,7 @@ func Open(root string, opts ...Option) (*Host, error) {
 		if err := os.MkdirAll(filepath.Join(o.devRoot, "vfio"), 0o755); err != nil {
 			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
 		}
-		if f, err := os.OpenFile(filepath.Join(o.devRoot, "vfio", "vfio"), os.O_CREATE|os.O_WRONLY, 0o666); err == nil {
-			f.Close()
-		} else {
+		if err := makeDevNode(filepath.Join(o.devRoot, "vfio", "vfio"), st.CharDevNodes, VFIOContainerMajor, VFIOContainerMinor, 0o666); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
 		}
 	}
@@ -495,7 +514,7 @@ func (h *Host) build() error {
 	if err := os.MkdirAll(filepath.Join(h.devRoot, "vfio"), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(h.devRoot, "vfio", "vfio"), nil, 0o666); err != nil {
+	if err := makeDevNode(filepath.Join(h.devRoot, "vfio", "vfio"), h.st.CharDevNodes, VFIOContainerMajor, VFIOContainerMinor, 0o666); err != nil {
 		return err
 	}
 	// An empty /proc: no process holds anything open until HoldVFIOGroup.
@@ -1025,7 +1044,7 @@ func (h *Host) scheduleDevNode(group, node string) error {
 	// At build time udev has long run: the node is there at once.
 	if h.st.VFIODevDelay <= 0 || h.building {
 		h.t.step()
-		return os.WriteFile(p, nil, 0o600)
+		return h.makeGroupNode(p, group)
 	}
 	if _, pending := h.timers[group]; pending {
 		return nil
@@ -1038,10 +1057,43 @@ func (h *Host) scheduleDevNode(group, node string) error {
 		}
 		delete(h.timers, group)
 		if h.groupHasVFIO(group, "") {
-			_ = os.WriteFile(p, nil, 0o600)
+			_ = h.makeGroupNode(p, group)
 		}
 	})
 	return nil
+}
+
+// makeGroupNode creates /dev/vfio/<node> for IOMMU group number group,
+// owned by root and 0600 as udev leaves it.
+func (h *Host) makeGroupNode(p, group string) error {
+	n, err := strconv.Atoi(group)
+	if err != nil {
+		return fmt.Errorf("vfio group node %s: group %q is not a number", p, group)
+	}
+	if err := makeDevNode(p, h.st.CharDevNodes, VFIOGroupMajor, uint32(n), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// makeDevNode creates a character device (charDev) or an empty regular file
+// at p; an existing node is fs.ErrExist.
+func makeDevNode(p string, charDev bool, major, minor uint32, perm uint32) error {
+	if !charDev {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(perm))
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	if err := unix.Mknod(p, unix.S_IFCHR|perm, int(unix.Mkdev(major, minor))); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return &os.PathError{Op: "mknod", Path: p, Err: fs.ErrExist}
+		}
+		return fmt.Errorf("mknod %s (simulated vfio node, needs CAP_MKNOD): %w", p, err)
+	}
+	// mknod applies the umask.
+	return unix.Chmod(p, perm)
 }
 
 // groupHasVFIO reports whether a member of group other than except is bound

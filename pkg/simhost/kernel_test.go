@@ -6,11 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -697,6 +700,44 @@ func TestBuildLeavesSpecAlone(t *testing.T) {
 	wg.Wait()
 	if spec.PFs[0].RootPort != "" {
 		t.Fatal("Build filled defaults into the caller's spec")
+	}
+}
+
+// TestCharDevNodes: with WithCharDevNodes the vfio nodes are character
+// devices with the kernel's numbers, also for a process that reopens the
+// host (the driver) and for a dev root given at Open; unbind removes them.
+func TestCharDevNodes(t *testing.T) {
+	t.Parallel()
+	if err := unix.Mknod(filepath.Join(TempDir(t), "probe"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("mknod not permitted here (needs CAP_MKNOD): %v", err)
+	}
+	h := build(t, E810Host(), WithCharDevNodes())
+	wantChar := func(p string, major, minor uint32, perm os.FileMode) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != major || unix.Minor(uint64(st.Rdev)) != minor || os.FileMode(st.Mode&0o777) != perm {
+			t.Fatalf("%s: mode %o rdev %d:%d, want char device %d:%d mode %o", p, st.Mode, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), major, minor, perm)
+		}
+	}
+	wantChar(filepath.Join(h.DevRoot(), "vfio", "vfio"), VFIOContainerMajor, VFIOContainerMinor, 0o666)
+	dev := filepath.Join(TempDir(t), "dev")
+	h2, err := Open(h.Root(), WithDevRoot(dev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	wantChar(filepath.Join(dev, "vfio", "vfio"), VFIOContainerMajor, VFIOContainerMinor, 0o666)
+	const vf = "0000:3b:02.0"
+	toVFIO(t, h2, vf, "iavf")
+	g := fn(t, h2, vf).IOMMUGroup
+	n, _ := strconv.Atoi(g)
+	wantChar(filepath.Join(dev, "vfio", g), VFIOGroupMajor, uint32(n), 0o600)
+	write(t, h2, "bus/pci/drivers/vfio-pci/unbind", vf)
+	if exists(filepath.Join(dev, "vfio", g)) {
+		t.Fatalf("group node %s left after unbind", g)
 	}
 }
 

@@ -119,6 +119,9 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	vmi.Status.Phase = kubevirtv1.Running
 	vmi.Status.NodeName = src.Name
 	vmi.Status.ActivePods = map[types.UID]string{vm.Pod.UID: src.Name}
+	// virt-controller labels the VMI with its node; the drivers watch only
+	// their node's VMIs by these labels (KubeVirt v1.9.0).
+	vmi.Labels = map[string]string{kubevirtv1.NodeNameLabel: src.Name}
 	vmi = updateVMIStatus(ctx, t, env, vmi)
 
 	// virt-controller creates the target pod: the same spec, pinned away
@@ -150,6 +153,8 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 		TargetNodeAddress: "127.0.0.1", Mode: kubevirtv1.MigrationPreCopy,
 	}
 	vmi.Status.MigrationState = ms
+	// virt-controller hands the VMI to the target's virt-handler by label.
+	vmi.Labels[kubevirtv1.MigrationTargetNodeNameLabel] = dst.Name
 	vmi = updateVMIStatus(ctx, t, env, vmi)
 	ms = ms.DeepCopy()
 	ms.TargetNodeDomainDetected, ms.TargetNodeDomainReadyTimestamp = true, now()
@@ -164,9 +169,16 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	if fail {
 		ms.Failed, ms.FailureReason = true, "Live migration failed: simulated by the e2e test"
 		winner, want, wantVF, quiet = src, srcLibvirt, srcVF, dstLibvirt
+		// The target's virt-handler drops the VMI: the target node no
+		// longer sees it.
+		delete(vmi.Labels, kubevirtv1.MigrationTargetNodeNameLabel)
 	} else {
 		vmi.Status.NodeName = dst.Name
 		vmi.Status.ActivePods = map[types.UID]string{vm.Pod.UID: src.Name, target.UID: dst.Name}
+		// The target's virt-handler acknowledges the completion by moving
+		// the node label (migration-target.go ackMigrationCompletion): the
+		// source node no longer sees the VMI.
+		vmi.Labels[kubevirtv1.NodeNameLabel] = dst.Name
 	}
 	vmi.Status.MigrationState = ms
 	t0 := time.Now()
@@ -179,6 +191,13 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	}
 	latency := got.At.Sub(t0)
 	checkAttach(t, want, domain, got, wantVF, "net1")
+	if !fail {
+		// ... and then finalizes it, dropping the target label: the VMI
+		// moves from one of the target driver's informers to the other
+		// and must not be attached again.
+		delete(vmi.Labels, kubevirtv1.MigrationTargetNodeNameLabel)
+		vmi = updateVMIStatus(ctx, t, env, vmi)
+	}
 
 	// Nothing reaches the other side's domain, and the live domain holds
 	// exactly the one VF.
@@ -371,8 +390,9 @@ func checkNotMigratableWarning(ctx context.Context, t *testing.T, env *flow.Env)
 	t.Helper()
 	claim := "shared-vf"
 	vmi := &kubevirtv1.VirtualMachineInstance{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance"},
-		ObjectMeta: metav1.ObjectMeta{Name: "vm-named-claim", Namespace: "default"},
+		TypeMeta: metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance"},
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-named-claim", Namespace: "default",
+			Labels: map[string]string{kubevirtv1.NodeNameLabel: "node-a"}},
 		Spec: kubevirtv1.VirtualMachineInstanceSpec{
 			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
 				Name: "net1", Binding: &kubevirtv1.PluginBinding{Name: "vfnet"}, MacAddress: "02:00:00:00:07:03",

@@ -53,7 +53,7 @@ func BenchmarkCompletedToAttached(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		name := "vm" + strconv.Itoa(i)
-		vmi := newVMI(name, types.UID("uid-"+name), "node-a", ifaceOpt{name: "net1", mac: "02:00:00:00:00:01"})
+		vmi := migratingTo(newVMI(name, types.UID("uid-"+name), "node-a", ifaceOpt{name: "net1", mac: "02:00:00:00:00:01"}), "node-b")
 		podName := "virt-launcher-" + name + "-b"
 		claim := name + "-claim-dst"
 		pod := launcherPod(podName, targetUID, vmi, "node-b", map[string]string{"net1-claim": claim})

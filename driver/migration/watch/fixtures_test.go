@@ -56,6 +56,15 @@ func newVMI(name string, uid types.UID, node string, opts ...ifaceOpt) *kubevirt
 	}
 	vmi.Status.NodeName = node
 	vmi.Status.Phase = kubevirtv1.Running
+	// virt-controller labels a VMI with its node when the launcher is scheduled.
+	vmi.Labels = map[string]string{kubevirtv1.NodeNameLabel: node}
+	return vmi
+}
+
+// migratingTo labels vmi as virt-controller does once the migration target
+// pod is scheduled on node.
+func migratingTo(vmi *kubevirtv1.VirtualMachineInstance, node string) *kubevirtv1.VirtualMachineInstance {
+	vmi.Labels[kubevirtv1.MigrationTargetNodeNameLabel] = node
 	return vmi
 }
 

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +77,9 @@ type Config struct {
 	ResolveTimeout time.Duration
 	// Resync re-lists VMIs periodically; zero means 10 minutes.
 	Resync time.Duration
+	// Sleep waits d between checks for the VMI API, or returns ctx's error;
+	// nil means a timer. Tests record the backoff with it.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Watcher is the migration controller of one node.
@@ -80,9 +87,10 @@ type Watcher struct {
 	cfg   Config
 	queue workqueue.TypedRateLimitingInterface[string]
 
-	mu   sync.Mutex
-	vmis map[types.UID]*vmiState
-	wg   sync.WaitGroup
+	mu     sync.Mutex
+	vmis   map[types.UID]*vmiState
+	stores []cache.Store // one per Selectors entry, set by Run
+	wg     sync.WaitGroup
 }
 
 type vmiState struct {
@@ -107,6 +115,9 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Resync <= 0 {
 		cfg.Resync = 10 * time.Minute
 	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleepCtx
+	}
 	return &Watcher{
 		cfg: cfg,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -116,43 +127,176 @@ func New(cfg Config) (*Watcher, error) {
 	}, nil
 }
 
-// Run watches VMIs until ctx ends, then waits for attaches in flight.
+// Selectors are the label selectors of the watcher's two VMI informers,
+// the ones KubeVirt v1.9.0's virt-handler uses (pkg/controller/virtinformers.go
+// VMISourceHost and VMITargetHost): VMIs running on node (virt-controller sets
+// kubevirt.io/nodeName when the launcher is scheduled, the target's
+// virt-handler moves it on a completed migration) and VMIs migrating to node
+// (virt-controller sets kubevirt.io/migrationTargetNodeName when the target
+// pod is scheduled; the target's virt-handler removes it when done). Between
+// them they cover every VMI this node acts on: the source after a failed or
+// aborted migration, the target after a completed one.
+func Selectors(node string) []string {
+	return []string{
+		kubevirtv1.NodeNameLabel + "=" + node,
+		kubevirtv1.MigrationTargetNodeNameLabel + "=" + node,
+	}
+}
+
+// Retry bounds of the wait for the VMI API (KubeVirt not installed yet, or
+// RBAC missing): one log line, then checks at growing intervals.
+const (
+	APIRetryMin = 5 * time.Second
+	APIRetryMax = 5 * time.Minute
+)
+
+// Run watches this node's VMIs until ctx ends, then waits for attaches in
+// flight. Without the VMI API (KubeVirt's CRDs absent) it logs once and
+// checks again with backoff (APIRetryMin to APIRetryMax) until the API
+// appears.
 func (w *Watcher) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("migration")
 	ctx = klog.NewContext(ctx, logger)
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(w.cfg.Dynamic, w.cfg.Resync)
-	inf := factory.ForResource(VMIResource).Informer()
-	// Every node caches every VMI: drop what the watcher never reads.
-	if err := inf.SetTransform(func(obj any) (any, error) {
-		if m, ok := obj.(metav1.Object); ok {
-			m.SetManagedFields(nil)
-			m.SetAnnotations(nil)
+	if err := w.waitForAPI(ctx); err != nil {
+		return nil // ctx ended
+	}
+	sels := Selectors(w.cfg.NodeName)
+	stores := make([]cache.Store, 0, len(sels))
+	synced := make([]cache.InformerSynced, 0, len(sels))
+	for _, sel := range sels {
+		factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.cfg.Dynamic, w.cfg.Resync, metav1.NamespaceAll,
+			func(o *metav1.ListOptions) { o.LabelSelector = sel })
+		inf := factory.ForResource(VMIResource).Informer()
+		// Drop what the watcher never reads.
+		if err := inf.SetTransform(func(obj any) (any, error) {
+			if m, ok := obj.(metav1.Object); ok {
+				m.SetManagedFields(nil)
+				m.SetAnnotations(nil)
+			}
+			return obj, nil
+		}); err != nil {
+			return fmt.Errorf("watch VirtualMachineInstances (%s): %w", sel, err)
 		}
-		return obj, nil
-	}); err != nil {
-		return fmt.Errorf("watch VirtualMachineInstances: %w", err)
+		if err := inf.SetWatchErrorHandlerWithContext(newWatchErrorLogger(sel).handle); err != nil {
+			return fmt.Errorf("watch VirtualMachineInstances (%s): %w", sel, err)
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    w.enqueue,
+			UpdateFunc: func(_, obj any) { w.enqueue(obj) },
+			DeleteFunc: w.forget,
+		}); err != nil {
+			return fmt.Errorf("watch VirtualMachineInstances (%s): %w", sel, err)
+		}
+		stores = append(stores, inf.GetStore())
+		synced = append(synced, inf.HasSynced)
+		factory.Start(ctx.Done())
+		defer factory.Shutdown()
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    w.enqueue,
-		UpdateFunc: func(_, obj any) { w.enqueue(obj) },
-		DeleteFunc: w.forget,
-	}); err != nil {
-		return fmt.Errorf("watch VirtualMachineInstances: %w", err)
+	w.mu.Lock()
+	w.stores = stores
+	w.mu.Unlock()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil // ctx ended
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return fmt.Errorf("watch VirtualMachineInstances: cache did not sync (RBAC: list/watch virtualmachineinstances.kubevirt.io): %w", ctx.Err())
-	}
-	logger.Info("Watching VirtualMachineInstances for live migration", "node", w.cfg.NodeName)
+	logger.Info("Watching this node's VirtualMachineInstances for live migration", "node", w.cfg.NodeName, "selectors", sels)
 	go func() {
 		<-ctx.Done()
 		w.queue.ShutDown()
 	}()
-	for w.processNext(ctx, inf.GetIndexer()) {
+	for w.processNext(ctx) {
 	}
 	w.wg.Wait()
 	return nil
+}
+
+// waitForAPI returns nil once this node's VMIs can be listed, or ctx's
+// error. A failure is logged once per distinct cause at the default
+// verbosity; the checks in between are quiet (-v=4).
+func (w *Watcher) waitForAPI(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	sel := Selectors(w.cfg.NodeName)[0]
+	delay := APIRetryMin
+	var last string
+	for {
+		_, err := w.cfg.Dynamic.Resource(VMIResource).List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
+		if err == nil {
+			if last != "" {
+				logger.Info("VirtualMachineInstance API is available, starting the live-migration watch")
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		msg := apiProblem(err)
+		if msg != last {
+			logger.Info(msg, "err", err.Error(), "nextCheckIn", delay)
+			last = msg
+		} else {
+			logger.V(4).Info("VirtualMachineInstance API still unavailable", "err", err.Error(), "nextCheckIn", delay)
+		}
+		if err := w.cfg.Sleep(ctx, delay); err != nil {
+			return err
+		}
+		delay = min(2*delay, APIRetryMax)
+	}
+}
+
+// apiProblem says what a failed VMI list means for the admin.
+func apiProblem(err error) string {
+	switch {
+	case apierrors.IsNotFound(err):
+		return "KubeVirt is not installed (no VirtualMachineInstance API: CRD virtualmachineinstances.kubevirt.io is missing); " +
+			"live-migration re-attach waits for it, checking again with backoff up to " + APIRetryMax.String() + "; preparing VFs does not need it"
+	case apierrors.IsForbidden(err):
+		return "Not allowed to list VirtualMachineInstances (RBAC: the driver's ClusterRole needs list and watch on virtualmachineinstances.kubevirt.io); " +
+			"live-migration re-attach waits for it, checking again with backoff up to " + APIRetryMax.String()
+	default:
+		return "Cannot list VirtualMachineInstances; live-migration re-attach waits, checking again with backoff up to " + APIRetryMax.String()
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// watchErrorLogger replaces client-go's default reflector error handler,
+// which logs every failed list or watch (about once a second at first)
+// when, say, KubeVirt's CRDs are deleted under a running driver: one line
+// per distinct error, repeats at -v=4.
+type watchErrorLogger struct {
+	selector string
+	mu       sync.Mutex
+	last     string
+}
+
+func newWatchErrorLogger(selector string) *watchErrorLogger {
+	return &watchErrorLogger{selector: selector}
+}
+
+func (l *watchErrorLogger) handle(ctx context.Context, _ *cache.Reflector, err error) {
+	logger := klog.FromContext(ctx)
+	if errors.Is(err, io.EOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		logger.V(4).Info("VirtualMachineInstance watch closed, restarting", "selector", l.selector, "err", err)
+		return
+	}
+	msg := apiProblem(err)
+	l.mu.Lock()
+	repeat := msg == l.last
+	l.last = msg
+	l.mu.Unlock()
+	if repeat {
+		logger.V(4).Info("VirtualMachineInstance watch still failing", "selector", l.selector, "err", err)
+		return
+	}
+	logger.Info(msg, "selector", l.selector, "err", err.Error())
 }
 
 // Wait blocks until the attaches started so far have finished.
@@ -164,15 +308,68 @@ func (w *Watcher) enqueue(obj any) {
 	}
 }
 
+// forget drops a VMI's state once neither informer holds it: a VMI moves
+// from the target selector to the node selector when its migration
+// completes, and must not start its attaches again.
 func (w *Watcher) forget(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	if m, err := meta(obj); err == nil {
-		w.mu.Lock()
-		delete(w.vmis, m.GetUID())
-		w.mu.Unlock()
+	m, err := meta(obj)
+	if err != nil {
+		return
 	}
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	if _, held := w.lookup(key); held {
+		return
+	}
+	w.mu.Lock()
+	delete(w.vmis, m.GetUID())
+	w.mu.Unlock()
+}
+
+// lookup returns the VMI under key from either informer; when both hold it
+// (mid-move between selectors), the newer resourceVersion.
+func (w *Watcher) lookup(key string) (any, bool) {
+	w.mu.Lock()
+	stores := w.stores
+	w.mu.Unlock()
+	var best any
+	var bestRV uint64
+	for _, s := range stores {
+		obj, exists, err := s.GetByKey(key)
+		if err != nil || !exists {
+			continue
+		}
+		// resourceVersions are opaque, but the API server's are etcd
+		// revisions: decimal and increasing. Unparsable: first one wins.
+		var rv uint64
+		if m, err := meta(obj); err == nil {
+			rv, _ = strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+		}
+		if best == nil || rv > bestRV {
+			best, bestRV = obj, rv
+		}
+	}
+	return best, best != nil
+}
+
+// Cached returns the namespace/name keys of the VMIs in the watcher's
+// informer caches, sorted (diagnostics; tests check the node scoping).
+func (w *Watcher) Cached() []string {
+	w.mu.Lock()
+	stores := w.stores
+	w.mu.Unlock()
+	set := map[string]bool{}
+	for _, s := range stores {
+		for _, k := range s.ListKeys() {
+			set[k] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 func meta(obj any) (metav1.Object, error) {
@@ -183,14 +380,14 @@ func meta(obj any) (metav1.Object, error) {
 	return m, nil
 }
 
-func (w *Watcher) processNext(ctx context.Context, store cache.Store) bool {
+func (w *Watcher) processNext(ctx context.Context) bool {
 	key, shutdown := w.queue.Get()
 	if shutdown {
 		return false
 	}
 	defer w.queue.Done(key)
-	obj, exists, err := store.GetByKey(key)
-	if err != nil || !exists {
+	obj, exists := w.lookup(key)
+	if !exists {
 		w.queue.Forget(key)
 		return true
 	}

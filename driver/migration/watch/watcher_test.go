@@ -308,6 +308,7 @@ func TestRunFollowsVMIUpdates(t *testing.T) {
 	res := e.dyn.Resource(watch.VMIResource).Namespace(ns)
 	mig := migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
 	vmi.Status.MigrationState = mig
+	migratingTo(vmi, "node-b")
 	if _, err := res.Create(ctx, toUnstructured(t, vmi), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
