@@ -11,6 +11,10 @@
 //   - VF indexes outside the selector's vfs list.
 //   - PFs without a netdev: VF MAC/VLAN/trust are set through the PF netdev,
 //     so such a VF could not be prepared.
+//   - PFs whose netdev the VF link layer cannot find (Options.Resolve): sysfs
+//     shows the host's netdevs, but netlink looks in the namespace the link
+//     layer was opened on; a driver looking in the wrong one (its pod's own,
+//     without hostPID) would publish VFs that every prepare fails on.
 //   - VFs already bound to vfio-pci that vfnet did not bind itself
 //     (Options.Owned) while their group node /dev/vfio/<group> is held open
 //     (Options.Holders): someone else (DPDK, a VM outside Kubernetes) is
@@ -46,6 +50,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 // DriverName is the DRA driver name; CDIKind the CDI kind of its devices.
@@ -122,6 +127,9 @@ type Options struct {
 	// ("17", "noiommu-3") open (vfioholders.Scanner). Nil: unknown, and VFs
 	// found on vfio-pci that vfnet did not bind are not offered.
 	Holders func(nodes []string) (map[string][]string, error)
+	// Resolve looks a PF netdev up through the VF link layer
+	// (vflink.Links.Resolve). Nil: not checked.
+	Resolve func(netdev string) error
 }
 
 // Policy is what the node configuration allows beyond the safe defaults.
@@ -221,6 +229,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	pol := Policy{AllowUnsafeNoIOMMU: cfg.AllowUnsafeNoIOMMU}
 	foreign := foreignVFIO(selected, opts.Owned)
 	holders, holdErr := vfioHolders(foreign, opts.Holders)
+	notFound, nsOf := 0, ""
 	for _, sel := range selected {
 		pf := sel.PF
 		start := len(res.Devices)
@@ -235,6 +244,13 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 		case pf.Switchdev && !cfg.PFs[sel.Selector].AllowSwitchdev:
 			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s runs its e-switch in switchdev mode (VF representors %s): VF traffic follows the representors' flows and the legacy per-VF settings (VLAN, spoof check, trust) do not apply; switch it to legacy (devlink dev eswitch set pci/%s mode legacy) or set allowSwitchdev: true on pfs[%d] in %s",
 				uplink, strings.Join(pf.Representors, ","), pf.Address, sel.Selector, cfg.Source)})
+			continue
+		}
+		if reason, nf := unreachable(uplink, opts.Resolve); reason != "" {
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, reason})
+			if nf != nil {
+				notFound, nsOf = notFound+1, nf.Netns
+			}
 			continue
 		}
 		for _, vf := range pf.VFs {
@@ -288,10 +304,32 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 		}
 		slices.SortFunc(res.Devices[start:], func(a, b Device) int { return cmp.Compare(a.VFIndex, b.VFIndex) })
 	}
-	if len(res.Devices) == 0 {
+	switch {
+	case len(res.Devices) == 0 && notFound == len(selected):
+		res.Why = fmt.Sprintf("none of the %d selected PF netdevs is in network namespace %s, so the driver does not look at the host's network namespace: publishing no devices; run the driver pod with hostPID: true and --host-netns %s (the default)",
+			len(selected), nsOf, vflink.DefaultHostNetns)
+	case len(res.Devices) == 0:
 		res.Why = fmt.Sprintf("node configuration %s selects %d PF(s) but none has an offerable VF (sriov_numvfs=0, vfs filter, or all skipped): publishing no devices", cfg.Source, len(selected))
 	}
 	return res, nil
+}
+
+// unreachable says why the PF netdev cannot be used through the link
+// layer ("" when it can), and returns the not-found error if that is why.
+func unreachable(netdev string, resolve func(string) error) (string, *vflink.LinkNotFoundError) {
+	if resolve == nil {
+		return "", nil
+	}
+	err := resolve(netdev)
+	if err == nil {
+		return "", nil
+	}
+	var nf *vflink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return fmt.Sprintf("PF netdev %s not found in network namespace %s: VF settings are applied through the PF netdev, so no VF of it could be prepared; sysfs shows the host's netdevs, so the driver is looking in another namespace than the host's: run its pod with hostPID: true and --host-netns %s (the default)",
+			netdev, nf.Netns, vflink.DefaultHostNetns), nf
+	}
+	return fmt.Sprintf("PF netdev %s cannot be looked up through netlink: %v", netdev, err), nil
 }
 
 // foreignVFIO maps the selected VFs on vfio-pci that vfnet did not bind to

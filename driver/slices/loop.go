@@ -39,7 +39,10 @@ type LoopOptions struct {
 	// NoIOMMUMode and Holders feed discovery.Options (nil: off / unknown).
 	NoIOMMUMode func() bool
 	Holders     func(nodes []string) (map[string][]string, error)
-	Publisher   Publisher
+	// Resolve feeds discovery.Options: PF netdevs the VF link layer cannot
+	// find are not offered (nil: not checked).
+	Resolve   func(netdev string) error
+	Publisher Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
 }
@@ -102,7 +105,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
-	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders}
+	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
 		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
 	}

@@ -248,7 +248,10 @@ func newHost(root string, st persisted) (*Host, error) {
 	}
 	h.lockFD = fd
 	h.kernel = &Kernel{h: h}
-	h.links = &Links{h: h}
+	h.links = &Links{h: h, netns: h.HostNetns(), nsID: hostNetnsID}
+	if err := h.ensureHostNetns(); err != nil {
+		return nil, fmt.Errorf("simulated host network namespace: %w", err)
+	}
 	return h, nil
 }
 
@@ -315,7 +318,8 @@ func (h *Host) DevRoot() string { return h.devRoot }
 // Kernel is the simulated kernel: a sysfs.Writer over this host.
 func (h *Host) Kernel() *Kernel { return h.kernel }
 
-// Links is the simulated VF link layer (vflink.Links) over this host.
+// Links is the simulated VF link layer (vflink.Links) in the host's
+// network namespace (LinksAt(HostNetns())).
 func (h *Host) Links() *Links { return h.links }
 
 // Sysfs is a reader over this host's tree.

@@ -25,8 +25,16 @@ import (
 // a time; calls from several processes are still serialised by flock.
 //
 // Modelled kernel behaviour:
+//   - netdevs are looked up in the namespace the link layer was opened on
+//     (Host.Links: the host's; Host.LinksAt: any): a netdev that is not
+//     there fails with *vflink.LinkNotFoundError (ENODEV);
 //   - the PF is looked up by netdev name (class/net/<pf>, and it must be an
 //     SR-IOV PF): otherwise ENODEV; a VF index >= sriov_numvfs is EINVAL;
+//   - VF reads go through vflink.Reader over a simulated rtnetlink socket
+//     (rtnl.go): the kernel's RTM_NEWLINK reply is built byte for byte as
+//     rtnl_fill_ifinfo lays it out, honouring IFLA_EXT_MASK (VF list,
+//     per-VF statistics), with 16-bit nest lengths that wrap, and is
+//     delivered as one datagram that a short receive buffer cuts;
 //   - the kernel's field widths: VLAN, qos and the rates cross netlink as
 //     u32 (a value past 32 bits arrives cut to its low 32 bits, a negative
 //     one wrapped); VLAN above 4095 (12 bits), qos above 7 (3 bits), qos
@@ -53,7 +61,11 @@ import (
 // link auto, no rate limits. Disabling SR-IOV on the PF forgets the settings.
 // Setting a MAC also changes the address of the VF's netdev, if it has one.
 type Links struct {
-	h     *Host
+	h *Host
+	// netns is the namespace file this link layer was opened on, nsID
+	// the namespace's identity (see LinksAt).
+	netns, nsID string
+
 	fails []failRule
 	cache struct {
 		ino, size, mtime int64
@@ -176,8 +188,8 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 	}
 	t := l.h.t
 	nd, err := t.readlink(classNet + "/" + pf)
-	if pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
-		return "", syscall.ENODEV
+	if !l.inHostNetns() || pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
+		return "", l.notFound(pf)
 	}
 	pfDir = nd[:strings.LastIndex(nd, "/net/")]
 	n, err := t.read(pfDir + "/sriov_numvfs")
@@ -204,6 +216,20 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 		}
 	}
 	return pfDir, nil
+}
+
+// reported is VF vf of the PF at pfDir (netdev pf) as the PF reports it:
+// its administrative settings, and while no MAC is set administratively,
+// the MAC the VF's own driver chose (caller holds the lock).
+func (l *Links) reported(m map[string]vflink.VFState, pf, pfDir string, vf int) vflink.VFState {
+	st := l.get(m, pf, vf)
+	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
+	if isZeroMAC(st.MAC) {
+		if own := l.h.runtimeOf(l.h.vfAddr(pfDir, vf)).OwnMAC; own != nil {
+			st.MAC = append(net.HardwareAddr(nil), own...)
+		}
+	}
+	return st
 }
 
 func (l *Links) get(m map[string]vflink.VFState, pf string, vf int) vflink.VFState {
@@ -241,27 +267,56 @@ func (l *Links) update(op, pf string, vf int, fn func(st *vflink.VFState, pfDir 
 	return nil
 }
 
-// VF implements vflink.Links.
+// VF implements vflink.Links: vflink's own reader asks the simulated
+// kernel over a simulated rtnetlink socket.
 func (l *Links) VF(pf string, vf int) (vflink.VFState, error) {
 	unlock := l.h.lock()
 	defer unlock()
-	pfDir, err := l.check(OpVF, pf, vf)
+	st, err := l.reader().VF(pf, vf)
 	if err != nil {
 		return vflink.VFState{}, fmt.Errorf("simulated VF read on %s vf %d: %w", pf, vf, err)
 	}
-	m, err := l.load()
-	if err != nil {
-		return vflink.VFState{}, err
-	}
-	st := l.get(m, pf, vf)
-	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
-	if isZeroMAC(st.MAC) {
-		// No administrative MAC: the PF shows the one the VF driver chose.
-		if own := l.h.runtimeOf(l.h.vfAddr(pfDir, vf)).OwnMAC; own != nil {
-			st.MAC = append(net.HardwareAddr(nil), own...)
-		}
-	}
 	return st, nil
+}
+
+// VFs reads every VF of pf in one request, as vflink.Reader.VFs does.
+func (l *Links) VFs(pf string) ([]vflink.VFState, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	sts, err := l.reader().VFs(pf)
+	if err != nil {
+		return nil, fmt.Errorf("simulated VF read on %s: %w", pf, err)
+	}
+	return sts, nil
+}
+
+// Resolve implements vflink.Links.
+func (l *Links) Resolve(name string) (vflink.Netdev, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	return l.reader().Resolve(name)
+}
+
+// Conn is a simulated rtnetlink socket in this link layer's namespace,
+// for tests that drive vflink.Reader or send their own requests. Every
+// Send and Recv takes the host lock.
+func (l *Links) Conn() vflink.Conn { return lockedConn{l: l, c: &rtnlConn{l: l}} }
+
+type lockedConn struct {
+	l *Links
+	c *rtnlConn
+}
+
+func (c lockedConn) Send(msg []byte) error {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Send(msg)
+}
+
+func (c lockedConn) Recv(b []byte, peek bool) (int, error) {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Recv(b, peek)
 }
 
 func isZeroMAC(mac net.HardwareAddr) bool { return bytes.Equal(mac, make(net.HardwareAddr, len(mac))) }

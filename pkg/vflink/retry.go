@@ -115,6 +115,9 @@ func (r Retrying) do(pf string, vf int, op func() error, check func(VFState) err
 	}
 }
 
+// Resolve implements Links (a lookup has no reset to wait for).
+func (r Retrying) Resolve(name string) (Netdev, error) { return r.Links.Resolve(name) }
+
 // VF implements Links.
 func (r Retrying) VF(pf string, vf int) (VFState, error) {
 	var st VFState

@@ -62,7 +62,7 @@ func TestInspectMixedHost(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.MixedHost())
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
+	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -93,7 +93,7 @@ func TestInspectLargeHostSplits(t *testing.T) {
 	root := buildHost(t, simhost.LargeHost())
 	var stdout, stderr bytes.Buffer
 	cfg := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- deviceID: \"1593\"\n  network: net\n")
-	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
+	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -111,7 +111,7 @@ func TestInspectNoConfigPublishesEmptySlice(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.E810Host())
 	var stdout, stderr bytes.Buffer
-	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
+	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -144,7 +144,7 @@ func TestInspectErrors(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := Inspect(append([]string{"--sysfs-root", root}, tc.args...), &stdout, &stderr)
+			code := Inspect(append([]string{"--simulate", "--sysfs-root", root}, tc.args...), &stdout, &stderr)
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
 				t.Fatalf("exit %d (want %d), stdout %q, stderr %q (want %q)", code, tc.code, stdout.String(), stderr.String(), tc.want)
 			}
@@ -162,7 +162,7 @@ func TestBuiltCommand(t *testing.T) {
 	}
 	root := buildHost(t, simhost.MixedHost())
 	good := writeFile(t, mixedConfig)
-	out, err := exec.Command(bin, "inspect", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
+	out, err := exec.Command(bin, "inspect", "--simulate", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
 	if err != nil {
 		t.Fatalf("inspect: %v", err)
 	}
@@ -171,7 +171,7 @@ func TestBuiltCommand(t *testing.T) {
 	}
 	bad := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n")
 	for _, args := range [][]string{
-		{"inspect", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
+		{"inspect", "--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
 		{"--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n", "--kubeconfig", "/nonexistent"},
 	} {
 		cmd := exec.Command(bin, args...)
@@ -206,7 +206,7 @@ func TestInspectCountsPreparedVFs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
+	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -229,7 +229,7 @@ func buildSim(t *testing.T, spec simhost.Spec) *simhost.Host {
 func inspect(t *testing.T, h *simhost.Host, cfg string, extra ...string) (stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	args := append([]string{"inspect", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
+	args := append([]string{"inspect", "--simulate", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
 		"--dev-root", h.DevRoot(), "--proc-root", h.ProcRoot()}, extra...)
 	if code := Main(args, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
