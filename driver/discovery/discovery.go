@@ -70,7 +70,35 @@ const (
 	AttrVendorID     resourceapi.QualifiedName = "vfnet.io/vendorID"
 	AttrDeviceID     resourceapi.QualifiedName = "vfnet.io/deviceID"
 	AttrLinkType     resourceapi.QualifiedName = "vfnet.io/linkType"
+	// AttrPFDriver is the PF's kernel driver ("igb", "ice", "mlx5_core").
+	AttrPFDriver resourceapi.QualifiedName = "vfnet.io/pfDriver"
+	// The supports* attributes say whether the PF driver applies a VF
+	// setting (vflink.Lookup): true when it implements it (perhaps only in
+	// some states, e.g. igb 82576 rate limits need link up), false when it
+	// refuses it or vfnet does not know the driver. A DeviceClass selects
+	// on them, e.g. device.attributes["vfnet.io"].supportsVlan8021ad.
+	AttrSupportsVlan8021ad resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsVlan8021ad
+	AttrSupportsLinkState  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsLinkState
+	AttrSupportsMinTxRate  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsMinTxRate
+	AttrSupportsMaxTxRate  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsMaxTxRate
 )
+
+// Supports is what the PF driver applies of the settings published as
+// supports* attributes.
+type Supports struct {
+	Vlan8021ad, LinkState, MinTxRate, MaxTxRate bool
+}
+
+// SupportsOf looks the PF driver up in vflink's capability table.
+func SupportsOf(driver, deviceID string) Supports {
+	c := vflink.Lookup(driver, deviceID)
+	return Supports{
+		Vlan8021ad: c.Publishes(vflink.SettingVLANProtocol),
+		LinkState:  c.Publishes(vflink.SettingLinkState),
+		MinTxRate:  c.Publishes(vflink.SettingMinTxRate),
+		MaxTxRate:  c.Publishes(vflink.SettingMaxTxRate),
+	}
+}
 
 // VFIODriver is the kernel driver a VF is bound to for passthrough.
 const VFIODriver = "vfio-pci"
@@ -95,6 +123,9 @@ type Device struct {
 	IOMMUGroup string
 	// Driver is the kernel driver bound at discovery time.
 	Driver string
+	// PFDriver is the PF's kernel driver, PFSupports what it applies.
+	PFDriver   string
+	PFSupports Supports
 }
 
 // Skipped is a VF or PF that matched the configuration but is not offered.
@@ -253,6 +284,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 			}
 			continue
 		}
+		supports := SupportsOf(pf.Driver, pf.DeviceID)
 		for _, vf := range pf.VFs {
 			if !sel.VFs.Contains(vf.Index) {
 				continue
@@ -300,6 +332,8 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				PCIeRoot:   root,
 				IOMMUGroup: vf.IOMMUGroup,
 				Driver:     vf.Driver,
+				PFDriver:   pf.Driver,
+				PFSupports: supports,
 			})
 		}
 		slices.SortFunc(res.Devices[start:], func(a, b Device) int { return cmp.Compare(a.VFIndex, b.VFIndex) })
@@ -378,7 +412,7 @@ func pfSummary(pfs []sysfs.PF) string {
 // Attributes returns the device's ResourceSlice attributes. The same map is
 // what prepare hands to KEP-5304 device metadata.
 func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 10)
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 15)
 	// Same name and value as deviceattribute.GetPCIBusIDAttribute (a test
 	// checks), built directly: the helper compiles a regexp on every call,
 	// which made it most of a 1024-VF rescan, and d.Address was validated by
@@ -406,6 +440,15 @@ func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 	if d.LinkType != "" {
 		str(AttrLinkType, d.LinkType)
 	}
+	if d.PFDriver != "" {
+		str(AttrPFDriver, d.PFDriver)
+	}
+	// One allocation for the four flags (a rescan builds these for every VF).
+	sup := &[4]bool{d.PFSupports.Vlan8021ad, d.PFSupports.LinkState, d.PFSupports.MinTxRate, d.PFSupports.MaxTxRate}
+	attrs[AttrSupportsVlan8021ad] = resourceapi.DeviceAttribute{BoolValue: &sup[0]}
+	attrs[AttrSupportsLinkState] = resourceapi.DeviceAttribute{BoolValue: &sup[1]}
+	attrs[AttrSupportsMinTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[2]}
+	attrs[AttrSupportsMaxTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[3]}
 	return attrs
 }
 

@@ -428,6 +428,9 @@ func (s *State) attributes(d checkpoint.Device, published []discovery.Device) ma
 		if fn, err := s.opts.Sysfs.Function(d.BDF); err == nil {
 			dev.VendorID, dev.DeviceID, dev.NUMANode, dev.PCIeRoot = fn.VendorID, fn.DeviceID, fn.NUMANode, fn.PCIeRoot
 		}
+		if pf, err := s.opts.Sysfs.Function(d.PFAddress); err == nil {
+			dev.PFDriver, dev.PFSupports = pf.Driver, discovery.SupportsOf(pf.Driver, pf.DeviceID)
+		}
 	}
 	attrs := dev.Attributes()
 	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))

@@ -367,6 +367,18 @@ func (s *State) entry(uid types.UID) *checkpoint.Claim {
 	return &cc
 }
 
+// vfsOf lists a checkpoint entry's VFs as "device=bdf" for the log.
+func vfsOf(c *checkpoint.Claim) []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, len(c.Devices))
+	for i, d := range c.Devices {
+		out[i] = d.Device + "=" + d.BDF
+	}
+	return out
+}
+
 // Prepare implements plugin.ClaimPreparer.
 func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	done, err := s.begin(ctx)
@@ -378,12 +390,16 @@ func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim
 	for _, claim := range claims {
 		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", klog.KObj(claim), "claimUID", claim.UID)
 		cctx := klog.NewContext(ctx, logger)
+		start := time.Now()
 		devs, err := s.prepareClaim(cctx, claim)
 		if err != nil {
 			logger.Error(err, "Prepare failed")
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
+		// One line per claim at the default verbosity: which VFs a VM got
+		// and how long the host took, for an admin reading the driver log.
+		logger.Info("Prepared claim", "vfs", vfsOf(s.entry(claim.UID)), "duration", time.Since(start))
 		out[claim.UID] = kubeletplugin.PrepareResult{Devices: devs}
 	}
 	return out, nil
@@ -400,9 +416,16 @@ func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.Namespaced
 	for _, c := range claims {
 		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", c.NamespacedName, "claimUID", c.UID)
 		cctx := klog.NewContext(ctx, logger)
+		start := time.Now()
+		entry := s.entry(c.UID)
 		err := s.unprepareClaim(cctx, c)
-		if err != nil {
+		switch {
+		case err != nil:
 			logger.Error(err, "Unprepare failed")
+		case entry != nil:
+			logger.Info("Unprepared claim", "vfs", vfsOf(entry), "duration", time.Since(start))
+		default:
+			logger.V(2).Info("Unprepare: claim not prepared by this driver, nothing to undo")
 		}
 		out[c.UID] = err
 	}

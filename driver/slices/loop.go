@@ -134,11 +134,12 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		logger.Info(res.Why)
 	}
 	l.lastWhy = res.Why
-	if err := l.opts.Publisher.PublishResources(ctx, DriverResources(l.opts.NodeName, res.Devices)); err != nil {
+	resources := DriverResources(l.opts.NodeName, res.Devices)
+	if err := l.opts.Publisher.PublishResources(ctx, resources); err != nil {
 		return false, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
-		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice))
+		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice), "digest", Digest(resources))
 	l.pubMu.Lock()
 	l.published = res.Devices
 	l.pubMu.Unlock()

@@ -37,6 +37,9 @@ type persisted struct {
 	CharDevNodes bool `json:"charDevNodes,omitempty"`
 	// DynIDs are IDs added through new_id, per driver ("8086 1889").
 	DynIDs map[string][]string `json:"dynIDs,omitempty"`
+	// Boot is the spec as built: what Reboot restores (Spec follows
+	// netdev renames, which do not survive a reboot).
+	Boot *Spec `json:"boot,omitempty"`
 }
 
 // Option changes how a Host is built or opened.
@@ -96,6 +99,9 @@ type Host struct {
 	links  *Links
 	closed bool
 	stamp  fileStamp // of host.json as last read or written
+	// delayPinned: this process was opened WithVFIODevDelay, so another
+	// process's SetVFIODevDelay does not change its delay.
+	delayPinned bool
 	// building is set while Build lays out the tree: no delayed nodes.
 	building bool
 	// clock dates VF resets; resets says how long they last (SetVFResets).
@@ -136,6 +142,9 @@ func (h *Host) reloadState() {
 	}
 	h.st.DynIDs = st.DynIDs
 	h.st.Spec.PFs = st.Spec.PFs // netdev renames
+	if !h.delayPinned {
+		h.st.VFIODevDelay = st.VFIODevDelay
+	}
 	h.index()
 	h.stamp = stampOf(h.statePath())
 }
@@ -165,7 +174,11 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 			return nil, fmt.Errorf("build synthetic host: %s is not empty; use Open to continue an existing host", d)
 		}
 	}
-	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs}
+	boot, err := cloneSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs, Boot: &boot}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
 	}
@@ -232,6 +245,11 @@ func Open(root string, opts ...Option) (*Host, error) {
 		h.clock = o.clock
 	}
 	h.stamp = stampOf(p)
+	h.delayPinned = o.vfioDelay != nil
+	if err := h.coldplug(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("open simulated host: %w", err)
+	}
 	return h, nil
 }
 
@@ -1098,6 +1116,44 @@ func makeDevNode(p string, charDev bool, major, minor uint32, perm uint32) error
 	}
 	// mknod applies the umask.
 	return unix.Chmod(p, perm)
+}
+
+// coldplug creates the /dev/vfio node of every group with a member on
+// vfio-pci that has none (after the configured delay), as udev does for
+// events it has not handled yet: a process that died with a node pending
+// (a driver killed while it waited for it) does not leave it missing for
+// good.
+func (h *Host) coldplug() error {
+	unlock := h.lock()
+	defer unlock()
+	ents, err := os.ReadDir(h.t.abs(iommuDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range ents {
+		g := e.Name()
+		if _, err := strconv.Atoi(g); err != nil || !h.groupHasVFIO(g, "") {
+			continue
+		}
+		node := g
+		if name, err := h.t.read(iommuDir + "/" + g + "/name"); err == nil && name == sysfs.NoIOMMUGroupName {
+			node = "noiommu-" + g
+		}
+		if err := h.scheduleDevNode(g, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetVFIODevDelay changes the delay of /dev/vfio nodes for every process
+// using this host (stored in the tree; processes opened WithVFIODevDelay
+// keep theirs). Nodes already pending keep their timers.
+func (h *Host) SetVFIODevDelay(d time.Duration) error {
+	unlock := h.lock()
+	defer unlock()
+	h.st.VFIODevDelay = d
+	return h.saveState()
 }
 
 // groupHasVFIO reports whether a member of group other than except is bound

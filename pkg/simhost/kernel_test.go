@@ -769,3 +769,38 @@ func TestAutoprobeOffNeedsOverride(t *testing.T) {
 		t.Fatalf("bind with autoprobe on: driver %q", f.Driver)
 	}
 }
+
+// TestPendingNodeSurvivesItsProcess: a bind whose /dev/vfio node was still
+// pending when its process went away (Close stands in for a SIGKILL: the
+// timer is gone) gets the node from the next Open, as udev would create it
+// anyway. SetVFIODevDelay reaches a process that has the host open.
+func TestPendingNodeSurvivesItsProcess(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	other, err := Open(h.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := h.SetVFIODevDelay(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	const vf = "0000:3b:02.0"
+	toVFIO(t, other, vf, "iavf") // other picks up the hour from the tree
+	node := filepath.Join(h.DevRoot(), "vfio", fn(t, other, vf).IOMMUGroup)
+	if exists(node) {
+		t.Fatal("node created at once despite the delay set by another process")
+	}
+	other.Close()
+	if err := h.SetVFIODevDelay(0); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(h.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if !exists(node) {
+		t.Fatal("node still missing after reopening the host")
+	}
+}

@@ -35,6 +35,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/migration"
+	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
@@ -44,6 +45,10 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
+
+// MigrationLockFileName is the lead lock (in the plugin directory) of the
+// live-migration watcher: one instance per node runs it.
+const MigrationLockFileName = "vfnet-migration.lock"
 
 // Main runs vfnet-driver with args (without the program name) and returns
 // the process exit code.
@@ -475,9 +480,15 @@ func run(ctx context.Context, f driverFlags) error {
 		}, loop.Published)
 	})
 	wg.Go(func() {
-		err := migration.Run(ctx, migration.Options{
-			NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-			BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
+		// During a rolling update two instances run; two watchers would
+		// attach every migrated VF twice. The instance holding the lead
+		// lock runs it; the other waits and takes over when the holder
+		// stops or dies.
+		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
+			return migration.Run(ctx, migration.Options{
+				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
+				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
+			})
 		})
 		if err != nil && ctx.Err() == nil {
 			// Prepare and publishing do not depend on it: keep serving.

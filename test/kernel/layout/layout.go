@@ -39,7 +39,8 @@ type PF struct {
 	Role string `json:"role"`
 	// Address is the PF's PCI address in the guest.
 	Address string `json:"address"`
-	// NUMANode and PCIeRoot are what the kernel must report for it and its VFs.
+	// NUMANode and PCIeRoot are what the kernel must report for it and its
+	// VFs (NUMANode -1: none).
 	NUMANode int    `json:"numaNode"`
 	PCIeRoot string `json:"pcieRoot"`
 	// VFs is how many VFs the guest's init creates on it.
@@ -67,8 +68,10 @@ func (l Layout) PF(role string) (PF, bool) {
 func Default() Layout {
 	return Layout{
 		PFs: []PF{
-			{Role: RoleMain, Address: "0000:01:00.0", NUMANode: 0, PCIeRoot: "pci0000:00", VFs: 4},
-			{Role: RoleSharedGroup, Address: "0000:02:00.0", NUMANode: 0, PCIeRoot: "pci0000:00", VFs: 2},
+			// The main root complex has no ACPI proximity (_PXM): the
+			// kernel reports numa_node -1 for everything under it.
+			{Role: RoleMain, Address: "0000:01:00.0", NUMANode: -1, PCIeRoot: "pci0000:00", VFs: 4},
+			{Role: RoleSharedGroup, Address: "0000:02:00.0", NUMANode: -1, PCIeRoot: "pci0000:00", VFs: 2},
 			{Role: RoleNUMA1, Address: "0000:81:00.0", NUMANode: 1, PCIeRoot: "pci0000:80", VFs: 2},
 		},
 		Cases: AllCases(),
