@@ -49,10 +49,25 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 	}
 	entry := s.entry(claim.UID)
 	if entry != nil && entry.Phase == checkpoint.PhasePrepared {
-		// Repeated call: the host is prepared; change nothing.
-		return s.deviceResults(claim.UID, entry), nil
-	}
-	if entry == nil {
+		// Repeated call. The checkpoint says prepared, but the host may
+		// have changed since (reboot, sriov_numvfs, an admin): report
+		// the devices only if they still are as prepared, else repair.
+		drift, err := s.verify(ctx, claim.UID, entry)
+		if err != nil {
+			if errors.Is(err, errVFGone) {
+				return nil, fmt.Errorf("claim %s/%s: %w; the claim cannot be used on this node any more: delete the pod so the kubelet unprepares the claim and the scheduler allocates another VF", claim.Namespace, claim.Name, err)
+			}
+			return nil, fmt.Errorf("claim %s/%s: verify the prepared devices: %w", claim.Namespace, claim.Name, err)
+		}
+		if len(drift) == 0 {
+			return s.deviceResults(claim.UID, entry), nil
+		}
+		logger.Info("Prepared claim no longer matches the host, preparing it again", "drift", drift)
+		entry.Phase = checkpoint.PhasePreparing
+		if err := s.update(claim.UID, entry); err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	} else if entry == nil {
 		if entry, err = s.record(ctx, claim, results); err != nil {
 			return nil, err
 		}
