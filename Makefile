@@ -37,7 +37,7 @@ kernel-deps:
 	@hack/kernel-deps.sh
 
 test-kernel: kernel-deps
-	VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 40m -run '^TestRealKernel$$' -v ./test/kernel/
+	VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
 
 kubevirt-tests:
 	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -count=1 -timeout 30m ./...

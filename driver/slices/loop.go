@@ -128,6 +128,9 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		l.lastSkip = res.Skipped
 	}
 	if l.didPub && sameDevices(l.published, res.Devices) {
+		if v := logger.V(4); v.Enabled() {
+			v.Info("Rescan changed nothing", "digest", Digest(DriverResources(l.opts.NodeName, l.Published())))
+		}
 		return false, nil
 	}
 	if res.Why != "" && res.Why != l.lastWhy {
