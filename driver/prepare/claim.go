@@ -42,7 +42,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 	logger := klog.FromContext(ctx)
 	results, err := s.ourResults(claim)
 	if err != nil {
-		return nil, err
+		return nil, at(ErrStepPlan, err)
 	}
 	if len(results) == 0 {
 		return []kubeletplugin.Device{}, nil
@@ -79,7 +79,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 		logger.Info("Continuing interrupted work on claim", "phase", entry.Phase)
 		entry.Phase = checkpoint.PhasePreparing
 		if err := s.update(claim.UID, entry); err != nil {
-			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+			return nil, at(ErrStepCheckpoint, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err))
 		}
 	}
 	if err := s.forward(ctx, claim, entry); err != nil {
@@ -101,10 +101,10 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (*checkpoint.Claim, error) {
 	plans, err := s.makePlans(ctx, claim, results)
 	if err != nil {
-		return nil, err
+		return nil, at(ErrStepPlan, err)
 	}
 	if err := s.binder.CheckVFIOLoaded(); err != nil {
-		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		return nil, at(ErrStepCheck, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err))
 	}
 	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PhasePreparing}
 	for _, p := range plans {
@@ -116,10 +116,10 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 			MACSet:         p.mac != nil,
 		}
 		if d.OriginalOverride, err = s.binder.Override(d.BDF); err != nil {
-			return nil, stepError(d, "read original state", err)
+			return nil, at(ErrStepRecord, stepError(d, "read original state", err))
 		}
 		if d.Original, err = s.opts.Links.VF(d.PFNetDev, d.VFIndex); err != nil {
-			return nil, stepError(d, "read original VF link settings", err)
+			return nil, at(ErrStepRecord, stepError(d, "read original VF link settings", err))
 		}
 		d.Applied = p.config.Apply(d.Original, p.mac)
 		entry.Devices = append(entry.Devices, d)
@@ -130,14 +130,14 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 	defer s.mu.Unlock()
 	for _, d := range entry.Devices {
 		if uid, other, ok := s.holderLocked(d.BDF); ok && uid != claim.UID {
-			return nil, fmt.Errorf("claim %s/%s: %s is already prepared for claim %s/%s (uid %s); a VF is never given to two claims, unprepare that claim first",
-				claim.Namespace, claim.Name, describe(d), other.Namespace, other.Name, uid)
+			return nil, at(ErrStepRecord, fmt.Errorf("claim %s/%s: %s is already prepared for claim %s/%s (uid %s); a VF is never given to two claims, unprepare that claim first",
+				claim.Namespace, claim.Name, describe(d), other.Namespace, other.Name, uid))
 		}
 	}
 	next := s.cp.Clone()
 	next.Claims[claim.UID] = entry
 	if err := s.store.Save(next); err != nil {
-		return nil, fmt.Errorf("claim %s/%s: record original VF state: %w", claim.Namespace, claim.Name, err)
+		return nil, at(ErrStepCheckpoint, fmt.Errorf("claim %s/%s: record original VF state: %w", claim.Namespace, claim.Name, err))
 	}
 	s.cp = next.Clone()
 	return entry, nil
@@ -160,7 +160,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 			continue
 		}
 		if err := s.opts.CheckVF(d.BDF); err != nil {
-			return stepError(d, "check the VF can be passed through", err)
+			return at(ErrStepCheck, stepError(d, "check the VF can be passed through", err))
 		}
 	}
 	for i := range entry.Devices {
@@ -173,7 +173,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		}
 	}
 	if err := s.update(claim.UID, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointBinding)
 	cdiDevs := make([]cdi.Device, 0, len(entry.Devices))
@@ -181,7 +181,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		d := &entry.Devices[i]
 		bd, err := s.binder.BindVFIO(ctx, d.BDF, s.opts.VFIOTimeout)
 		if err != nil {
-			return stepError(*d, "bind to vfio-pci", err)
+			return at(ErrStepBind, stepError(*d, "bind to vfio-pci", err))
 		}
 		d.IOMMUGroup, d.DevNode = bd.IOMMUGroup, bd.DevNode
 		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
@@ -190,26 +190,26 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		d := &entry.Devices[i]
 		if d.Step == checkpoint.StepBindingVFIO {
 			if err := s.readAdminOriginal(ctx, d); err != nil {
-				return stepError(*d, "read the VF's settings through the PF with no VF driver bound", err)
+				return at(ErrStepLink, stepError(*d, "read the VF's settings through the PF with no VF driver bound", err))
 			}
 		}
 		d.Step = checkpoint.StepApplying
 	}
 	if err := s.update(claim.UID, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointApplying)
 	for _, d := range entry.Devices {
 		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
-			return stepError(d, "apply VF link settings through the PF", err)
+			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
 		}
 	}
 	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
-		return fmt.Errorf("write CDI spec: %w", err)
+		return at(ErrStepCDI, fmt.Errorf("write CDI spec: %w", err))
 	}
 	s.hook(StepCDIWritten)
 	if err := s.setStatus(ctx, claim, entry.Devices); err != nil {
-		return fmt.Errorf("update claim status.devices: %w", err)
+		return at(ErrStepStatus, fmt.Errorf("update claim status.devices: %w", err))
 	}
 	s.hook(StepStatusUpdated)
 	for i := range entry.Devices {
@@ -217,7 +217,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 	}
 	entry.Phase = checkpoint.PhasePrepared
 	if err := s.update(claim.UID, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointPrepared)
 	return nil
@@ -255,12 +255,12 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 	logger := klog.FromContext(ctx)
 	entry.Phase = checkpoint.PhaseUnpreparing
 	if err := s.update(uid, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointUnpreparing)
 	var errs []error
 	if err := s.cdi.Remove(uid); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, at(ErrStepCDI, err))
 	}
 	s.hook(StepCDIRemoved)
 	for i := len(entry.Devices) - 1; i >= 0; i-- {
@@ -276,17 +276,18 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 		// when none is set).
 		if d.Step.SettingsTouched() {
 			if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
-				errs = append(errs, stepError(d, "restore VF link settings", err))
+				errs = append(errs, at(ErrStepRestoreLink, stepError(d, "restore VF link settings", err)))
 			}
 		}
 		if d.Step.DriverTouched() {
 			if err := s.binder.Restore(ctx, d.BDF, d.OriginalDriver, d.OriginalOverride); err != nil {
-				errs = append(errs, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err))
+				errs = append(errs, at(ErrStepRestoreDriver, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err)))
 			}
 		}
 	}
 	if len(errs) > 0 {
-		return errors.New(joinErrs(errs))
+		// The first failure names the step.
+		return at(StepOf(errs[0]), errors.New(joinErrs(errs)))
 	}
 	return nil
 }
@@ -301,7 +302,7 @@ func (s *State) unprepareClaim(ctx context.Context, c kubeletplugin.NamespacedOb
 	}
 	s.clearStatus(ctx, c)
 	if err := s.update(c.UID, nil); err != nil {
-		return fmt.Errorf("unprepare claim %s: host restored, but %w", c.NamespacedName, err)
+		return at(ErrStepCheckpoint, fmt.Errorf("unprepare claim %s: host restored, but %w", c.NamespacedName, err))
 	}
 	s.hook(StepCheckpointDropped)
 	return nil

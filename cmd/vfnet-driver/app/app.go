@@ -34,6 +34,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/metrics"
 	"github.com/vfnet-io/vfnet/driver/migration"
 	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
@@ -263,7 +264,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "kubelet pods directory (launcher libvirt sockets, for live migration)")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (who holds /dev/vfio group nodes open; QEMU memlock raise for live migration)")
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz and /readyz (e.g. :51515); off when empty")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
 	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns is given)")
 	alias(fs, "node-config", "config")
@@ -413,7 +414,27 @@ func run(ctx context.Context, f driverFlags) error {
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
 	holders := groupHolders(f.procRoot, h.devRoot)
-	state, err := prepare.New(prepare.Options{
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links)})
+	var state *prepare.State
+	mx := metrics.New(metrics.State{
+		Published: func() []discovery.Device {
+			if l := published.Load(); l != nil {
+				return l.Published()
+			}
+			return nil
+		},
+		Prepared: func() []metrics.PreparedDevice {
+			var out []metrics.PreparedDevice
+			for _, c := range state.Snapshot().Claims {
+				for _, d := range c.Devices {
+					out = append(out, metrics.PreparedDevice{Device: d.Device, PFAddress: d.PFAddress})
+				}
+			}
+			return out
+		},
+		PFs: monitor.PFs,
+	})
+	state, err = prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
 		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
@@ -433,16 +454,17 @@ func run(ctx context.Context, f driverFlags) error {
 			}
 			return nil
 		},
+		Observer: mx,
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links)})
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: kube,
 		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
 		Preparer: state, Health: monitor,
-		OnFatal: func(err error) { cancel(err) },
+		OnFatal:   func(err error) { cancel(err) },
+		OnRequest: mx.RequestDone,
 	})
 	if err != nil {
 		return err
@@ -453,6 +475,7 @@ func run(ctx context.Context, f driverFlags) error {
 		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
+		OnPublish:  mx.Published,
 	})
 	published.Store(loop)
 	// The first publish waits for the ResourceSlice informer to sync; a
@@ -487,7 +510,7 @@ func run(ctx context.Context, f driverFlags) error {
 		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
 			return migration.Run(ctx, migration.Options{
 				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
+				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
 			})
 		})
 		if err != nil && ctx.Err() == nil {
@@ -496,7 +519,7 @@ func run(ctx context.Context, f driverFlags) error {
 		}
 	})
 	if f.healthAddr != "" {
-		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan))
+		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan), mx.Handler())
 		if err != nil {
 			return err
 		}
@@ -541,8 +564,9 @@ func (s *status) since() time.Duration {
 	return time.Since(s.last)
 }
 
-func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration) (*http.Server, error) {
+func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration, metricsHandler http.Handler) (*http.Server, error) {
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if d := st.since(); d > stale {
 			http.Error(w, fmt.Sprintf("no successful sysfs scan for %s", d.Truncate(time.Second)), http.StatusServiceUnavailable)
