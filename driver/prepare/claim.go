@@ -366,7 +366,8 @@ func (s *State) setLink(pfi vflink.PF, vf int, want vflink.VFState) error {
 		}
 		s.hook("link-state")
 	}
-	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
+	// i40e raises a limit under 50 Mbps to 50: that one is applied.
+	if cur.MinTxRateMbps != want.MinTxRateMbps || !vflink.RateApplied(want.MaxTxRateMbps, cur.MaxTxRateMbps) {
 		if err := l.SetRate(pf, vf, want.MinTxRateMbps, want.MaxTxRateMbps); err != nil {
 			return explainRate(pfi, cur, want, err)
 		}

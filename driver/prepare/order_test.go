@@ -262,3 +262,36 @@ func TestPrepareRidesOutVFResets(t *testing.T) {
 		t.Fatalf("host after the failed prepare:\n%s\nwant\n%s", got, before)
 	}
 }
+
+// i40e raises a rate limit under 50 Mbps to one 50 Mbps credit. That is
+// the setting applied, not a failure: prepare succeeds, and a repeated
+// prepare finds nothing to redo.
+func TestI40ERoundedRateIsApplied(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.PFDriverHost())
+	log := &linkLog{Links: e.Host.Links(), sysfs: e.Host.Sysfs(), vfs: map[int]string{0: "0000:5e:02.0"}}
+	opts := e.Options(nil)
+	opts.Links = log
+	s, err := prepare.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := preparetest.Claim("ns", "i40e", "uid-i40e", []string{"vf-0000-5e-02-0"}, preparetest.Config(fromClaim, `{`+hdr+`,"maxTxRateMbps":10}`))
+	e.AddClaim(t, c)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if st, err := e.Host.VFState("enp94s0f0", 0); err != nil || st.MaxTxRateMbps != 50 {
+		t.Fatalf("i40e VF rate %+v %v, want 50", st, err)
+	}
+	sets := len(log.sets)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if n := len(log.sets) - sets; n != 0 {
+		t.Fatalf("repeated prepare set the VF again: %v", log.sets[sets:])
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -80,6 +80,15 @@
 // BCM57414PF; I82576Host ("igb82576") and PFDriverHost ("pfdrivers", one
 // PF of each) are whole hosts.
 //
+// Links (the VF settings through the PF) models the PF's view of a VF's MAC:
+// a VF nobody set a MAC for reads 00:00:00:00:00:00; a VF driver bound
+// later (bind, drivers_probe, new_id) reports the MAC it chose for itself,
+// which the PF then shows until the driver lets go or an administrator sets
+// one (Host.VFState shows only the administrative settings). SetVFResets
+// (with WithClock) adds VF reset windows: MAC, VLAN and trust changes and VF
+// driver changes reset the VF, and settings meanwhile fail EBUSY (EAGAIN on
+// i40e), as Intel's PF drivers answer.
+//
 // FailWrite and SetWriteHook inject failures; Links.Fail does so for the
 // VF link layer. All injection is per Host, and every method is safe for
 // concurrent use. State lives in the tree (.simhost/host.json and
