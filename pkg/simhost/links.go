@@ -220,12 +220,13 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 
 // reported is VF vf of the PF at pfDir (netdev pf) as the PF reports it:
 // its administrative settings, and while no MAC is set administratively,
-// the MAC the VF's own driver chose (caller holds the lock).
-func (l *Links) reported(m map[string]vflink.VFState, pf, pfDir string, vf int) vflink.VFState {
+// the MAC the VF's own driver chose (rt: the runtime state, loadRuntime;
+// caller holds the lock).
+func (l *Links) reported(m map[string]vflink.VFState, rt map[string]vfRuntime, pf, pfDir string, vf int) vflink.VFState {
 	st := l.get(m, pf, vf)
 	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
-	if isZeroMAC(st.MAC) {
-		if own := l.h.runtimeOf(l.h.vfAddr(pfDir, vf)).OwnMAC; own != nil {
+	if isZeroMAC(st.MAC) && len(rt) > 0 {
+		if own := rt[l.h.vfAddr(pfDir, vf)].OwnMAC; own != nil {
 			st.MAC = append(net.HardwareAddr(nil), own...)
 		}
 	}
