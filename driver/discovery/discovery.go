@@ -443,13 +443,12 @@ func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 	if d.PFDriver != "" {
 		str(AttrPFDriver, d.PFDriver)
 	}
-	boolean := func(name resourceapi.QualifiedName, v bool) {
-		attrs[name] = resourceapi.DeviceAttribute{BoolValue: &v}
-	}
-	boolean(AttrSupportsVlan8021ad, d.PFSupports.Vlan8021ad)
-	boolean(AttrSupportsLinkState, d.PFSupports.LinkState)
-	boolean(AttrSupportsMinTxRate, d.PFSupports.MinTxRate)
-	boolean(AttrSupportsMaxTxRate, d.PFSupports.MaxTxRate)
+	// One allocation for the four flags (a rescan builds these for every VF).
+	sup := &[4]bool{d.PFSupports.Vlan8021ad, d.PFSupports.LinkState, d.PFSupports.MinTxRate, d.PFSupports.MaxTxRate}
+	attrs[AttrSupportsVlan8021ad] = resourceapi.DeviceAttribute{BoolValue: &sup[0]}
+	attrs[AttrSupportsLinkState] = resourceapi.DeviceAttribute{BoolValue: &sup[1]}
+	attrs[AttrSupportsMinTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[2]}
+	attrs[AttrSupportsMaxTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[3]}
 	return attrs
 }
 

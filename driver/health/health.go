@@ -40,6 +40,33 @@ type Options struct {
 	Resolve func(netdev string) error
 }
 
+// PF health states: the state label of vfnet_driver_pf_health and the
+// reason a PF's VFs are published with a taint.
+const (
+	PFHealthy  = "healthy"
+	PFLinkDown = "link-down"
+	PFGone     = "gone"
+)
+
+// PFStates lists the PF health states.
+var PFStates = []string{PFHealthy, PFLinkDown, PFGone}
+
+// PFState classifies a PF found on the host.
+func PFState(pf *sysfs.PF) string {
+	if linkDown[pf.OperState] {
+		return PFLinkDown
+	}
+	return PFHealthy
+}
+
+// PFHealth is the health of one PF whose VFs were offered.
+type PFHealth struct {
+	// Address is the PF's BDF, Name its netdev (the last one seen),
+	// Network the physical network its VFs are offered on.
+	Address, Name, Network string
+	State                  string
+}
+
 type entry struct {
 	pfAddress string
 	vfAddress string
@@ -54,7 +81,8 @@ type Monitor struct {
 
 	mu      sync.Mutex
 	devices map[string]*entry
-	changed chan struct{} // closed and replaced on every change
+	pfs     map[string]*PFHealth // by PF address
+	changed chan struct{}        // closed and replaced on every change
 }
 
 // NewMonitor returns a Monitor without devices.
@@ -65,7 +93,7 @@ func NewMonitor(opts Options) *Monitor {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Monitor{opts: opts, devices: map[string]*entry{}, changed: make(chan struct{})}
+	return &Monitor{opts: opts, devices: map[string]*entry{}, pfs: map[string]*PFHealth{}, changed: make(chan struct{})}
 }
 
 // linkDown lists operstate values (Documentation/networking/operstates.rst)
@@ -108,6 +136,22 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		if _, ok := m.devices[d.Name]; !ok {
 			m.devices[d.Name] = &entry{pfAddress: d.PFAddress, vfAddress: d.Address}
 		}
+		p := m.pfs[d.PFAddress]
+		if p == nil {
+			p = &PFHealth{Address: d.PFAddress}
+			m.pfs[d.PFAddress] = p
+		}
+		p.Network = d.Network
+	}
+	for addr, p := range m.pfs {
+		if info, ok := byPF[addr]; ok {
+			p.State = PFState(info.pf)
+			if info.pf.NetDev != "" {
+				p.Name = info.pf.NetDev
+			}
+		} else {
+			p.State = PFGone
+		}
 	}
 	changed := false
 	for _, e := range m.devices {
@@ -133,6 +177,18 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		close(m.changed)
 		m.changed = make(chan struct{})
 	}
+}
+
+// PFs returns the health of every PF whose VFs were ever offered, sorted by
+// address.
+func (m *Monitor) PFs() []PFHealth {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PFHealth, 0, len(m.pfs))
+	for _, a := range slices.Sorted(maps.Keys(m.pfs)) {
+		out = append(out, *m.pfs[a])
+	}
+	return out
 }
 
 // Report returns the health of every known device, sorted by name.

@@ -45,6 +45,8 @@ type LoopOptions struct {
 	Publisher Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
+	// OnPublish, if set, sees every successful publication (metrics).
+	OnPublish func(t time.Time)
 }
 
 // Loop rescans the host and republishes only when the offered devices or
@@ -128,6 +130,9 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		l.lastSkip = res.Skipped
 	}
 	if l.didPub && sameDevices(l.published, res.Devices) {
+		if v := logger.V(4); v.Enabled() {
+			v.Info("Rescan changed nothing", "digest", Digest(DriverResources(l.opts.NodeName, l.Published())))
+		}
 		return false, nil
 	}
 	if res.Why != "" && res.Why != l.lastWhy {
@@ -140,6 +145,9 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	}
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
 		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice), "digest", Digest(resources))
+	if l.opts.OnPublish != nil {
+		l.opts.OnPublish(time.Now())
+	}
 	l.pubMu.Lock()
 	l.published = res.Devices
 	l.pubMu.Unlock()

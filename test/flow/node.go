@@ -336,6 +336,15 @@ func (n *Node) StopDriver(kill bool) error {
 	return nil
 }
 
+// MetricsURL is the driver's Prometheus endpoint (on its health server, as
+// the DaemonSet's port "health" serves it); empty before StartDriver.
+func (n *Node) MetricsURL() string {
+	if n.healthAddr == "" {
+		return ""
+	}
+	return "http://" + n.healthAddr + "/metrics"
+}
+
 // DriverLog returns the last max bytes of the current driver log.
 func (n *Node) DriverLog(max int) string {
 	n.mu.Lock()

@@ -43,7 +43,12 @@ func guest(t *testing.T) *machine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &machine{lay: lay, sysfs: sysfs.New("/sys"), links: vflink.Netlink{}}
+	links, err := vflink.Open(vflink.DefaultHostNetns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { links.Close() })
+	return &machine{lay: lay, sysfs: sysfs.New("/sys"), links: links}
 }
 
 func readLayout() (layout.Layout, error) {
