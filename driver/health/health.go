@@ -33,6 +33,10 @@ type Options struct {
 	ResendInterval time.Duration
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// OnPFChange, if set, is called (outside the monitor's lock) after an
+	// Observe in which some PF changed state: the slices loop republishes
+	// with or without taints.
+	OnPFChange func()
 }
 
 // PF health states: the state label of vfnet_driver_pf_health and the
@@ -99,6 +103,13 @@ var linkDown = map[string]bool{"down": true, "lowerlayerdown": true, "notpresent
 // Observe updates health from a fresh host model. offered are the devices
 // currently offered; devices seen before keep being tracked.
 func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
+	if m.observe(pfs, offered) && m.opts.OnPFChange != nil {
+		m.opts.OnPFChange()
+	}
+}
+
+// observe updates health and reports whether a PF changed state.
+func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
 	type vfInfo struct {
 		pf  *sysfs.PF
 		vfs map[string]bool
@@ -127,15 +138,17 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		p.Network = d.Network
 	}
 	for addr, p := range m.pfs {
+		state := PFGone
 		if info, ok := byPF[addr]; ok {
-			p.State = PFState(info.pf)
+			state = PFState(info.pf)
 			if info.pf.NetDev != "" {
 				p.Name = info.pf.NetDev
 			}
-		} else {
-			p.State = PFGone
 		}
+		pfChanged = pfChanged || (p.State != "" && p.State != state)
+		p.State = state
 	}
+
 	changed := false
 	for _, e := range m.devices {
 		status, msg := kubeletplugin.HealthStatusHealthy, ""
@@ -158,6 +171,7 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		close(m.changed)
 		m.changed = make(chan struct{})
 	}
+	return pfChanged
 }
 
 // PFs returns the health of every PF whose VFs were ever offered, sorted by
