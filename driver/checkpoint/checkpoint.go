@@ -15,6 +15,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -136,13 +138,9 @@ var ErrCorrupt = errors.New("checkpoint unusable")
 // ErrCorrupt: guessing would risk leaving VFs on vfio-pci or handing them
 // to two claims.
 func (s Store) Load() (*File, error) {
-	// Temp files of a write a crash interrupted hold nothing the renamed
-	// file lacks; remove them.
-	if stale, err := filepath.Glob(filepath.Join(filepath.Dir(s.Path), "."+filepath.Base(s.Path)+".*.tmp")); err == nil {
-		for _, f := range stale {
-			_ = os.Remove(f)
-		}
-	}
+	// Temp files of an interrupted write are not removed here: another
+	// driver instance (rolling update) may be writing one right now. The
+	// driver removes old ones at start-up (RemoveStaleTemps).
 	data, err := os.ReadFile(s.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &File{Version: Version, Claims: map[types.UID]*Claim{}}, nil
@@ -195,11 +193,60 @@ func (s Store) Save(f *File) error {
 	return WriteFileAtomic(s.Path, data, 0o600)
 }
 
+// TempGlob matches the temporaries WriteFileAtomic creates for a file
+// named name (the kubeletplugin helper uses the same scheme for its
+// metadata files and specs).
+func TempGlob(name string) string { return "." + name + ".*.tmp" }
+
+// RemoveStaleTemps removes the regular files matching any of globs whose
+// last change is older than minAge: temporaries a crash inside a write
+// left behind. Younger ones may be another driver instance's write in
+// progress (rolling update) and are kept. It returns what it removed and
+// the errors it met, joined.
+func RemoveStaleTemps(globs []string, minAge time.Duration) ([]string, error) {
+	cutoff := time.Now().Add(-minAge)
+	var removed []string
+	var errs []error
+	for _, g := range globs {
+		matches, err := filepath.Glob(g)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pattern %s: %w", g, err))
+			continue
+		}
+		for _, m := range matches {
+			st, err := os.Lstat(m)
+			if err != nil || !st.Mode().IsRegular() || !st.ModTime().Before(cutoff) {
+				continue
+			}
+			if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove stale temporary file: %w", err))
+				continue
+			}
+			removed = append(removed, m)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// GlobEscape quotes the glob metacharacters in a literal path, so a
+// directory can be joined with a pattern.
+func GlobEscape(path string) string {
+	var b strings.Builder
+	for _, r := range path {
+		switch r {
+		case '*', '?', '[', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // WriteFileAtomic replaces path with data so that readers (and a reader
 // after a crash or power loss) see either the old or the new content.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	tmp, err := os.CreateTemp(dir, TempGlob(filepath.Base(path)))
 	if err != nil {
 		return fmt.Errorf("create temp file for %s: %w", path, err)
 	}

@@ -2,7 +2,9 @@
 // streams it to the kubelet through kubeletplugin's WatchHealthStatus.
 //
 // A VF is Unhealthy when its PF is gone from the host, the VF itself is gone
-// (sriov_numvfs lowered), or the PF's link is down; otherwise Healthy. A
+// (sriov_numvfs lowered), the PF's netdev cannot be found by the VF link
+// layer (Options.Resolve: its settings could not be changed), or the PF's
+// link is down; otherwise Healthy. A
 // device once reported stays in the reports (Unhealthy when gone), because
 // a pod may still hold it while it has vanished from the ResourceSlices.
 package health
@@ -33,6 +35,9 @@ type Options struct {
 	ResendInterval time.Duration
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Resolve looks a PF netdev up through the VF link layer
+	// (vflink.Links.Resolve); nil: not checked.
+	Resolve func(netdev string) error
 	// OnPFChange, if set, is called (outside the monitor's lock) after an
 	// Observe in which some PF changed state: the slices loop republishes
 	// with or without taints.
@@ -111,8 +116,9 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 // observe updates health and reports whether a PF changed state.
 func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
 	type vfInfo struct {
-		pf  *sysfs.PF
-		vfs map[string]bool
+		pf         *sysfs.PF
+		vfs        map[string]bool
+		unresolved string // why the link layer cannot use the PF netdev
 	}
 	byPF := make(map[string]vfInfo, len(pfs))
 	for i := range pfs {
@@ -123,6 +129,17 @@ func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged
 		byPF[pfs[i].Address] = info
 	}
 	now := m.opts.Now()
+	if m.opts.Resolve != nil {
+		// Once per PF, and before taking the lock: it is a netlink call.
+		for addr, info := range byPF {
+			if nd := info.pf.Uplink(); nd != "" {
+				if err := m.opts.Resolve(nd); err != nil {
+					info.unresolved = "PF " + addr + " netdev " + nd + " cannot be used: " + err.Error()
+					byPF[addr] = info
+				}
+			}
+		}
+	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -141,8 +158,8 @@ func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged
 		state := PFGone
 		if info, ok := byPF[addr]; ok {
 			state = PFState(info.pf)
-			if info.pf.NetDev != "" {
-				p.Name = info.pf.NetDev
+			if nd := info.pf.Uplink(); nd != "" {
+				p.Name = nd
 			}
 		}
 		pfChanged = pfChanged || (p.State != "" && p.State != state)
@@ -158,6 +175,8 @@ func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "PF "+e.pfAddress+" is gone"
 		case !info.vfs[e.vfAddress]:
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "VF "+e.vfAddress+" is gone (sriov_numvfs lowered?)"
+		case info.unresolved != "":
+			status, msg = kubeletplugin.HealthStatusUnhealthy, info.unresolved
 		case linkDown[info.pf.OperState]:
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "PF "+e.pfAddress+" link is "+info.pf.OperState
 		}

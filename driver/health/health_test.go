@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,7 +10,10 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func host(operstate string, vfs ...string) []sysfs.PF {
@@ -144,6 +148,55 @@ func TestPFStates(t *testing.T) {
 		want := PFHealth{Address: "0000:3b:00.0", Name: "ens1f0", Network: "physnet-a", State: step.state}
 		if len(got) != 1 || got[0] != want || calls != step.calls {
 			t.Errorf("%s: PFs() = %+v, OnPFChange calls %d; want [%+v], %d", step.name, got, calls, want, step.calls)
+		}
+	}
+}
+
+// A PF whose netdev the VF link layer cannot find (the driver looks in
+// another network namespace, or the netdev went away from it) makes its
+// VFs Unhealthy, with the namespace in the message: their settings could
+// not be changed or restored.
+func TestObserveUnreachablePFNetdev(t *testing.T) {
+	t.Parallel()
+	h, err := simhost.Build(t.TempDir(), simhost.E810Host())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := discovery.Build(pfs, cfg, discovery.Options{})
+	if err != nil || len(res.Devices) == 0 {
+		t.Fatalf("devices %d, err %v", len(res.Devices), err)
+	}
+	podNs, err := h.AddNetns("pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := h.LinksAt(podNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links vflink.Links = pod
+	m := NewMonitor(Options{PoolName: "node", Resolve: func(nd string) error { _, err := links.Resolve(nd); return err }})
+	m.Observe(pfs, res.Devices)
+	for _, d := range m.Report().Devices {
+		if d.Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(d.Message, "PF 0000:3b:00.0 netdev enp59s0f0") ||
+			!strings.Contains(d.Message, "not found in network namespace "+podNs) {
+			t.Fatalf("%s: %s %q", d.DeviceName, d.Health, d.Message)
+		}
+	}
+	links = h.Links()
+	m.Observe(pfs, res.Devices)
+	for _, d := range m.Report().Devices {
+		if d.Health != kubeletplugin.HealthStatusHealthy || d.Message != "" {
+			t.Fatalf("host namespace: %s: %s %q", d.DeviceName, d.Health, d.Message)
 		}
 	}
 }

@@ -100,12 +100,12 @@ func New(state State) *Metrics {
 	}, []string{"result"})
 	m.prepareErrors = k8smetrics.NewCounterVec(&k8smetrics.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem, Name: "prepare_errors_total",
-		Help:           "Failed claim prepares, by the step that failed (busy, plan, record, check, link, bind, cdi, status, checkpoint, other).",
+		Help:           "Failed claim prepares, by the step that failed (plan, record, check, link, bind, cdi, status, checkpoint, other).",
 		StabilityLevel: k8smetrics.ALPHA,
 	}, []string{"step"})
 	m.unprepareErrors = k8smetrics.NewCounterVec(&k8smetrics.CounterOpts{
 		Namespace: namespace, Subsystem: subsystem, Name: "unprepare_errors_total",
-		Help:           "Failed claim unprepares, by the step that failed (busy, cdi, restore-link, restore-driver, checkpoint, other).",
+		Help:           "Failed claim unprepares, by the step that failed (cdi, restore-link, restore-driver, checkpoint, other).",
 		StabilityLevel: k8smetrics.ALPHA,
 	}, []string{"step"})
 	m.requests = k8smetrics.NewCounterVec(&k8smetrics.CounterOpts{

@@ -6,7 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,6 +21,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/pkg/pcibind"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
@@ -43,10 +48,25 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 	}
 	entry := s.entry(claim.UID)
 	if entry != nil && entry.Phase == checkpoint.PhasePrepared {
-		// Repeated call: the host is prepared; change nothing.
-		return s.deviceResults(claim.UID, entry), nil
-	}
-	if entry == nil {
+		// Repeated call. The checkpoint says prepared, but the host may
+		// have changed since (reboot, sriov_numvfs, an admin): report
+		// the devices only if they still are as prepared, else repair.
+		drift, err := s.verify(ctx, claim.UID, entry)
+		if err != nil {
+			if errors.Is(err, errVFGone) {
+				return nil, fmt.Errorf("claim %s/%s: %w; the claim cannot be used on this node any more: delete the pod so the kubelet unprepares the claim and the scheduler allocates another VF", claim.Namespace, claim.Name, err)
+			}
+			return nil, fmt.Errorf("claim %s/%s: verify the prepared devices: %w", claim.Namespace, claim.Name, err)
+		}
+		if len(drift) == 0 {
+			return s.deviceResults(claim.UID, entry), nil
+		}
+		logger.Info("Prepared claim no longer matches the host, preparing it again", "drift", drift)
+		entry.Phase = checkpoint.PhasePreparing
+		if err := s.update(claim.UID, entry); err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	} else if entry == nil {
 		if entry, err = s.record(ctx, claim, results); err != nil {
 			return nil, err
 		}
@@ -136,7 +156,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		}
 	}
 	for _, d := range entry.Devices {
-		if err := s.setLink(s.pfNetDev(ctx, d), d.VFIndex, d.Applied); err != nil {
+		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
 			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
 		}
 	}
@@ -202,7 +222,7 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 		}
 		// Link settings first: the original driver then probes the VF
 		// with its original MAC.
-		if err := s.setLink(s.pfNetDev(ctx, d), d.VFIndex, d.Original); err != nil {
+		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
 			errs = append(errs, at(ErrStepRestoreLink, stepError(d, "restore VF link settings", err)))
 		}
 		if d.Step.Order() >= checkpoint.StepBinding.Order() {
@@ -234,16 +254,31 @@ func (s *State) unprepareClaim(ctx context.Context, c kubeletplugin.NamespacedOb
 	return nil
 }
 
+// pfInfo describes the device's PF as it is now (name, driver, model,
+// link), so a refused setting can be explained.
+func (s *State) pfInfo(ctx context.Context, d checkpoint.Device) vflink.PF {
+	pf := vflink.PF{Name: s.pfNetDev(ctx, d), Address: d.PFAddress}
+	if fn, err := s.opts.Sysfs.Function(d.PFAddress); err == nil {
+		pf.Driver, pf.DeviceID = fn.Driver, fn.DeviceID
+	}
+	if b, err := os.ReadFile(s.opts.Sysfs.Path(sysfs.ClassNetDir + "/" + pf.Name + "/operstate")); err == nil {
+		pf.OperState = strings.TrimSpace(string(b))
+	}
+	return pf
+}
+
 // setLink makes the VF's settings equal want, changing only what differs.
-func (s *State) setLink(pf string, vf int, want vflink.VFState) error {
+// A refusal names the setting, the PF driver and the fix (vflink.Explain).
+func (s *State) setLink(pfi vflink.PF, vf int, want vflink.VFState) error {
 	l := s.opts.Links
+	pf := pfi.Name
 	cur, err := l.VF(pf, vf)
 	if err != nil {
 		return err
 	}
 	if want.MAC != nil && !bytes.Equal(cur.MAC, want.MAC) {
 		if err := l.SetMAC(pf, vf, want.MAC); err != nil {
-			return err
+			return vflink.Explain(vflink.SettingMAC, want.MAC.String(), pfi, err)
 		}
 		s.hook("link-mac")
 	}
@@ -255,35 +290,59 @@ func (s *State) setLink(pf string, vf int, want vflink.VFState) error {
 	}
 	if cur.VLAN != want.VLAN || cur.QoS != want.QoS || proto(cur.VLANProto) != proto(want.VLANProto) {
 		if err := l.SetVLAN(pf, vf, want.VLAN, want.QoS, proto(want.VLANProto)); err != nil {
-			return err
+			return explainVLAN(pfi, want, proto(want.VLANProto), err)
 		}
 		s.hook("link-vlan")
 	}
 	if cur.SpoofChk != want.SpoofChk {
 		if err := l.SetSpoofChk(pf, vf, want.SpoofChk); err != nil {
-			return err
+			return vflink.Explain(vflink.SettingSpoofChk, strconv.FormatBool(want.SpoofChk), pfi, err)
 		}
 		s.hook("link-spoofchk")
 	}
 	if cur.Trust != want.Trust {
 		if err := l.SetTrust(pf, vf, want.Trust); err != nil {
-			return err
+			return vflink.Explain(vflink.SettingTrust, strconv.FormatBool(want.Trust), pfi, err)
 		}
 		s.hook("link-trust")
 	}
 	if want.LinkState != "" && cur.LinkState != want.LinkState {
 		if err := l.SetLinkState(pf, vf, want.LinkState); err != nil {
-			return err
+			return vflink.Explain(vflink.SettingLinkState, want.LinkState, pfi, err)
 		}
 		s.hook("link-state")
 	}
 	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
 		if err := l.SetRate(pf, vf, want.MinTxRateMbps, want.MaxTxRateMbps); err != nil {
-			return err
+			return explainRate(pfi, cur, want, err)
 		}
 		s.hook("link-rate")
 	}
 	return nil
+}
+
+// explainVLAN blames the part of a refused VLAN change the driver objects
+// to: the protocol (EPROTONOSUPPORT), a priority the driver may refuse, or
+// the VLAN.
+func explainVLAN(pfi vflink.PF, want vflink.VFState, proto string, err error) error {
+	caps := vflink.Lookup(pfi.Driver, pfi.DeviceID)
+	switch {
+	case errors.Is(err, syscall.EPROTONOSUPPORT):
+		return vflink.Explain(vflink.SettingVLANProtocol, proto, pfi, err)
+	case want.QoS != 0 && caps.Of(vflink.SettingQoS).Support != vflink.Supported:
+		return vflink.Explain(vflink.SettingQoS, strconv.Itoa(want.QoS), pfi, err)
+	}
+	return vflink.Explain(vflink.SettingVLAN, strconv.Itoa(want.VLAN), pfi, err)
+}
+
+// explainRate blames the minimum when a non-zero minimum is being set and
+// the driver may refuse minimums (drivers check it first), else the maximum.
+func explainRate(pfi vflink.PF, cur, want vflink.VFState, err error) error {
+	caps := vflink.Lookup(pfi.Driver, pfi.DeviceID)
+	if want.MinTxRateMbps != 0 && want.MinTxRateMbps != cur.MinTxRateMbps && caps.Of(vflink.SettingMinTxRate).Support != vflink.Supported {
+		return vflink.Explain(vflink.SettingMinTxRate, strconv.Itoa(want.MinTxRateMbps), pfi, err)
+	}
+	return vflink.Explain(vflink.SettingMaxTxRate, strconv.Itoa(want.MaxTxRateMbps), pfi, err)
 }
 
 // deviceResults is what the kubelet (and the metadata files) get.
@@ -330,6 +389,9 @@ func (s *State) attributes(d checkpoint.Device, published []discovery.Device) ma
 		dev = discovery.Device{Name: d.Device, Address: d.BDF, VFIndex: d.VFIndex, PFAddress: d.PFAddress, PFName: d.PFNetDev, NUMANode: -1}
 		if fn, err := s.opts.Sysfs.Function(d.BDF); err == nil {
 			dev.VendorID, dev.DeviceID, dev.NUMANode, dev.PCIeRoot = fn.VendorID, fn.DeviceID, fn.NUMANode, fn.PCIeRoot
+		}
+		if pf, err := s.opts.Sysfs.Function(d.PFAddress); err == nil {
+			dev.PFDriver, dev.PFSupports = pf.Driver, discovery.SupportsOf(pf.Driver, pf.DeviceID)
 		}
 	}
 	attrs := dev.Attributes()

@@ -263,7 +263,8 @@ func TestBadInputs(t *testing.T) {
 			setup: func(t *testing.T, e *preparetest.Env, s *prepare.State) {
 				e.Host.Links().Fail(simhost.OpSetTrust, syscall.EOPNOTSUPP, 1)
 			},
-			want: []string{"VF " + vf1BDF, "apply VF link settings through the PF", "not supported", "undone"}, step: prepare.ErrStepLink},
+			want: []string{"VF " + vf1BDF, "apply VF link settings through the PF", "trust true: PF driver ice (PF enp59s0f0) does not support it (EOPNOTSUPP)", "undone"},
+			step: prepare.ErrStepLink},
 		{name: "second claim on a prepared VF",
 			setup: func(t *testing.T, e *preparetest.Env, s *prepare.State) {
 				first := preparetest.Claim("other-ns", "first", "uid-first", []string{vf1})

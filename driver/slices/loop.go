@@ -42,7 +42,10 @@ type LoopOptions struct {
 	// NoIOMMUMode and Holders feed discovery.Options (nil: off / unknown).
 	NoIOMMUMode func() bool
 	Holders     func(nodes []string) (map[string][]string, error)
-	Publisher   Publisher
+	// Resolve feeds discovery.Options: PF netdevs the VF link layer cannot
+	// find are not offered (nil: not checked).
+	Resolve   func(netdev string) error
+	Publisher Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
 	// OnPublish, if set, sees every successful publication (metrics).
@@ -118,7 +121,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
-	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders}
+	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
 		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
 	}
@@ -142,6 +145,9 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		l.lastSkip = res.Skipped
 	}
 	if l.didPub && sameDevices(l.published, devices) && maps.Equal(l.taints, taints) {
+		if v := logger.V(4); v.Enabled() {
+			v.Info("Rescan changed nothing", "digest", Digest(DriverResources(l.opts.NodeName, l.published, l.taints)))
+		}
 		return false, nil
 	}
 	if res.Why != "" && res.Why != l.lastWhy {
@@ -154,7 +160,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	}
 	l.logTaintChanges(logger, devices, taints)
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(devices),
-		"tainted", len(taints), "slices", len(resources.Pools[l.opts.NodeName].Slices))
+		"tainted", len(taints), "slices", len(resources.Pools[l.opts.NodeName].Slices), "digest", Digest(resources))
 	if l.opts.OnPublish != nil {
 		l.opts.OnPublish(time.Now())
 	}

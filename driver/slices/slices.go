@@ -29,6 +29,9 @@
 package slices
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -113,6 +116,20 @@ func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
 // DriverResources returns the single pool, named after the node.
 func DriverResources(nodeName string, devices []discovery.Device, taints Taints) resourceslice.DriverResources {
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: Pool(devices, taints)}}
+}
+
+// Digest is a short hash of what resources publishes. Two driver instances
+// serving one node during a rolling update log it with every publish: equal
+// digests mean they publish identical slices (they share the pool, so
+// different content would make their controllers overwrite each other).
+func Digest(resources resourceslice.DriverResources) string {
+	// encoding/json sorts map keys, so equal content encodes equally.
+	b, err := json.Marshal(resources.Pools)
+	if err != nil {
+		return "unencodable: " + err.Error()
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 // ResourceSlices renders resources the way the resourceslice controller

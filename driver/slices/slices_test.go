@@ -295,3 +295,19 @@ func TestPublishedDuringScan(t *testing.T) {
 		t.Fatalf("Owned called %d times, %d devices published", calls, len(l.Published()))
 	}
 }
+
+// Two instances building the same devices log the same digest; any
+// published difference changes it.
+func TestDigest(t *testing.T) {
+	t.Parallel()
+	devs := func(network string) []discovery.Device {
+		return []discovery.Device{{Name: "vf-0000-3b-02-1", Address: "0000:3b:02.1", PFName: "enp59s0f0", PFAddress: "0000:3b:00.0", VFIndex: 1, Network: network, NUMANode: 0}}
+	}
+	a, b := Digest(DriverResources("n", devs("physnet-a"), nil)), Digest(DriverResources("n", devs("physnet-a"), nil))
+	if a != b || len(a) != 16 {
+		t.Fatalf("digests %q and %q of equal content", a, b)
+	}
+	if c := Digest(DriverResources("n", devs("physnet-b"), nil)); c == a {
+		t.Fatalf("digest %q unchanged by a different network", c)
+	}
+}

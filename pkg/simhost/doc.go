@@ -93,7 +93,9 @@
 // call from any process completes an interrupted one (its effects are
 // idempotent; TestInterruptedOperationsComplete stops every operation after
 // each of its effects and compares with an uninterrupted run). Not modelled:
-// power loss (no fsync), a /dev/vfio node whose delay timer died with its
-// process (it never appears), a VF netdev address update racing a crash.
-// The /dev/vfio nodes are regular files.
+// power loss (no fsync), a VF netdev address update racing a crash. A
+// /dev/vfio node whose delay timer died with its process appears after the
+// next Open (which, like udev, creates missing nodes of vfio-bound groups).
+// The /dev/vfio nodes are regular files, or with WithCharDevNodes character
+// devices with the kernel's numbers (for a container runtime applying CDI).
 package simhost

@@ -24,8 +24,16 @@ import (
 // a time; calls from several processes are still serialised by flock.
 //
 // Modelled kernel behaviour:
+//   - netdevs are looked up in the namespace the link layer was opened on
+//     (Host.Links: the host's; Host.LinksAt: any): a netdev that is not
+//     there fails with *vflink.LinkNotFoundError (ENODEV);
 //   - the PF is looked up by netdev name (class/net/<pf>, and it must be an
 //     SR-IOV PF): otherwise ENODEV; a VF index >= sriov_numvfs is EINVAL;
+//   - VF reads go through vflink.Reader over a simulated rtnetlink socket
+//     (rtnl.go): the kernel's RTM_NEWLINK reply is built byte for byte as
+//     rtnl_fill_ifinfo lays it out, honouring IFLA_EXT_MASK (VF list,
+//     per-VF statistics), with 16-bit nest lengths that wrap, and is
+//     delivered as one datagram that a short receive buffer cuts;
 //   - the kernel's field widths: VLAN, qos and the rates cross netlink as
 //     u32 (a value past 32 bits arrives cut to its low 32 bits, a negative
 //     one wrapped); VLAN above 4095 (12 bits), qos above 7 (3 bits), qos
@@ -43,7 +51,11 @@ import (
 // link auto, no rate limits. Disabling SR-IOV on the PF forgets the settings.
 // Setting a MAC also changes the address of the VF's netdev, if it has one.
 type Links struct {
-	h     *Host
+	h *Host
+	// netns is the namespace file this link layer was opened on, nsID
+	// the namespace's identity (see LinksAt).
+	netns, nsID string
+
 	fails []failRule
 	cache struct {
 		ino, size, mtime int64
@@ -166,8 +178,8 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 	}
 	t := l.h.t
 	nd, err := t.readlink(classNet + "/" + pf)
-	if pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
-		return "", syscall.ENODEV
+	if !l.inHostNetns() || pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
+		return "", l.notFound(pf)
 	}
 	pfDir = nd[:strings.LastIndex(nd, "/net/")]
 	n, err := t.read(pfDir + "/sriov_numvfs")
@@ -217,20 +229,56 @@ func (l *Links) update(op, pf string, vf int, fn func(st *vflink.VFState, pfDir 
 	return l.save(m)
 }
 
-// VF implements vflink.Links.
+// VF implements vflink.Links: vflink's own reader asks the simulated
+// kernel over a simulated rtnetlink socket.
 func (l *Links) VF(pf string, vf int) (vflink.VFState, error) {
 	unlock := l.h.lock()
 	defer unlock()
-	if _, err := l.check(OpVF, pf, vf); err != nil {
+	st, err := l.reader().VF(pf, vf)
+	if err != nil {
 		return vflink.VFState{}, fmt.Errorf("simulated VF read on %s vf %d: %w", pf, vf, err)
 	}
-	m, err := l.load()
-	if err != nil {
-		return vflink.VFState{}, err
-	}
-	st := l.get(m, pf, vf)
-	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
 	return st, nil
+}
+
+// VFs reads every VF of pf in one request, as vflink.Reader.VFs does.
+func (l *Links) VFs(pf string) ([]vflink.VFState, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	sts, err := l.reader().VFs(pf)
+	if err != nil {
+		return nil, fmt.Errorf("simulated VF read on %s: %w", pf, err)
+	}
+	return sts, nil
+}
+
+// Resolve implements vflink.Links.
+func (l *Links) Resolve(name string) (vflink.Netdev, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	return l.reader().Resolve(name)
+}
+
+// Conn is a simulated rtnetlink socket in this link layer's namespace,
+// for tests that drive vflink.Reader or send their own requests. Every
+// Send and Recv takes the host lock.
+func (l *Links) Conn() vflink.Conn { return lockedConn{l: l, c: &rtnlConn{l: l}} }
+
+type lockedConn struct {
+	l *Links
+	c *rtnlConn
+}
+
+func (c lockedConn) Send(msg []byte) error {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Send(msg)
+}
+
+func (c lockedConn) Recv(b []byte, peek bool) (int, error) {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Recv(b, peek)
 }
 
 func isZeroMAC(mac net.HardwareAddr) bool { return bytes.Equal(mac, make(net.HardwareAddr, len(mac))) }

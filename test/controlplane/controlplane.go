@@ -55,6 +55,11 @@ type Options struct {
 	StartTimeout time.Duration
 	// ExtraAPIServerFlags are appended to kube-apiserver's command line.
 	ExtraAPIServerFlags []string
+	// ExtraSchedulerFlags and ExtraControllerManagerFlags are appended to
+	// kube-scheduler's and kube-controller-manager's command lines (the
+	// scale benchmark raises their client QPS as a large cluster would).
+	ExtraSchedulerFlags         []string
+	ExtraControllerManagerFlags []string
 	// HandleSignals makes the plane stop itself on SIGINT/SIGTERM and then
 	// re-raise the signal, so an interrupted run leaves nothing behind.
 	HandleSignals bool
@@ -212,23 +217,27 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	// resourceclaim controller makes claims from templates, the service
 	// account controller makes "default" SAs pods need, the policy status
 	// controller type-checks ValidatingAdmissionPolicies).
-	if err := p.spawn("kube-controller-manager", filepath.Join(opts.BinDir, "kube-controller-manager"),
-		"--kubeconfig="+p.AdminKubeconfig,
-		"--authentication-kubeconfig="+p.AdminKubeconfig,
-		"--authorization-kubeconfig="+p.AdminKubeconfig,
+	cmArgs := []string{
+		"--kubeconfig=" + p.AdminKubeconfig,
+		"--authentication-kubeconfig=" + p.AdminKubeconfig,
+		"--authorization-kubeconfig=" + p.AdminKubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort),
 		"--leader-elect=false",
 		"--controllers=serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller,validatingadmissionpolicy-status-controller",
-	); err != nil {
+	}
+	if err := p.spawn("kube-controller-manager", filepath.Join(opts.BinDir, "kube-controller-manager"),
+		append(cmArgs, opts.ExtraControllerManagerFlags...)...); err != nil {
 		return nil, err
 	}
-	if err := p.spawn("kube-scheduler", filepath.Join(opts.BinDir, "kube-scheduler"),
-		"--kubeconfig="+p.AdminKubeconfig,
-		"--authentication-kubeconfig="+p.AdminKubeconfig,
-		"--authorization-kubeconfig="+p.AdminKubeconfig,
+	schedArgs := []string{
+		"--kubeconfig=" + p.AdminKubeconfig,
+		"--authentication-kubeconfig=" + p.AdminKubeconfig,
+		"--authorization-kubeconfig=" + p.AdminKubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", schedPort),
 		"--leader-elect=false",
-	); err != nil {
+	}
+	if err := p.spawn("kube-scheduler", filepath.Join(opts.BinDir, "kube-scheduler"),
+		append(schedArgs, opts.ExtraSchedulerFlags...)...); err != nil {
 		return nil, err
 	}
 	insecure := &rest.Config{TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
@@ -241,6 +250,24 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	p.StartDuration = time.Since(begin)
 	logger.Info("Control plane ready", "url", p.URL, "dir", dir, "startDuration", p.StartDuration)
 	return p, nil
+}
+
+// PID returns the process ID of a running component ("etcd",
+// "kube-apiserver", "kube-controller-manager", "kube-scheduler"), for
+// resource measurements; an error if it is unknown or has exited.
+func (p *Plane) PID(component string) (int, error) {
+	for _, pr := range p.procs {
+		if pr.name != component {
+			continue
+		}
+		select {
+		case <-pr.done:
+			return 0, fmt.Errorf("control-plane component %s has exited: %v", component, pr.err)
+		default:
+			return pr.cmd.Process.Pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no control-plane component %q (have etcd, kube-apiserver, kube-controller-manager, kube-scheduler)", component)
 }
 
 // AdminRESTConfig returns a client config authenticated as cluster admin.

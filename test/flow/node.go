@@ -131,17 +131,27 @@ func (e *Env) AddNode(ctx context.Context, o NodeOptions) (_ *Node, retErr error
 	return n, nil
 }
 
-// createDriverPod creates the pod the DaemonSet controller would create on
-// this node (from the applied template, bound to the node, owned by the
-// DaemonSet), so the driver's token is a real pod-bound projected token.
+// createDriverPod creates this node's driver pod (see CreateDriverPod).
 func (n *Node) createDriverPod(ctx context.Context) error {
-	ds, err := n.env.Client.AppsV1().DaemonSets(Namespace).Get(ctx, DaemonSet, metav1.GetOptions{})
+	pod, err := n.env.CreateDriverPod(ctx, n.Name)
 	if err != nil {
-		return fmt.Errorf("node %s: get DaemonSet %s/%s (apply manifests first): %w", n.Name, Namespace, DaemonSet, err)
+		return err
+	}
+	n.DriverPod = pod
+	return nil
+}
+
+// CreateDriverPod creates the pod the DaemonSet controller would create on
+// node (from the applied template, bound to the node, owned by the
+// DaemonSet), so a driver's token is a real pod-bound projected token.
+func (e *Env) CreateDriverPod(ctx context.Context, node string) (*corev1.Pod, error) {
+	ds, err := e.Client.AppsV1().DaemonSets(Namespace).Get(ctx, DaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: get DaemonSet %s/%s (apply manifests first): %w", node, Namespace, DaemonSet, err)
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: DaemonSet + "-" + n.Name, Namespace: Namespace,
+			Name: DaemonSet + "-" + node, Namespace: Namespace,
 			Labels: ds.Spec.Template.Labels,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID,
@@ -150,13 +160,12 @@ func (n *Node) createDriverPod(ctx context.Context) error {
 		},
 		Spec: *ds.Spec.Template.Spec.DeepCopy(),
 	}
-	pod.Spec.NodeName = n.Name
-	created, err := n.env.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	pod.Spec.NodeName = node
+	created, err := e.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("node %s: create driver pod from the DaemonSet template: %w", n.Name, err)
+		return nil, fmt.Errorf("node %s: create driver pod from the DaemonSet template: %w", node, err)
 	}
-	n.DriverPod = created
-	return nil
+	return created, nil
 }
 
 // DriverToken returns a fresh token of the driver's ServiceAccount bound to

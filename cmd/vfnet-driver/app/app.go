@@ -36,6 +36,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/metrics"
 	"github.com/vfnet-io/vfnet/driver/migration"
+	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
@@ -45,6 +46,10 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
+
+// MigrationLockFileName is the lead lock (in the plugin directory) of the
+// live-migration watcher: one instance per node runs it.
+const MigrationLockFileName = "vfnet-migration.lock"
 
 // Main runs vfnet-driver with args (without the program name) and returns
 // the process exit code.
@@ -73,6 +78,8 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	pluginDir := fs.String("plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory; VFs its checkpoint holds count as vfnet's own")
 	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
+	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
+	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own network namespace unless --host-netns is given)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -86,6 +93,12 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
+	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns, flagSet(fs, "host-netns"))
+	if err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
+		return 1
+	}
+	defer closeLinks()
 	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // skips are printed below instead
 	host := sysfs.New(*root)
 	rep, err := host.DiscoverReport(ctx)
@@ -102,7 +115,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
 	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] },
-		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot)})
+		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(links)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -131,6 +144,50 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
+	"(the default is the host init's, which a pod sees with hostPID: true)"
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// openLinks opens the VF link layer: netlink in the namespace hostNetns,
+// or with simulate the simulated host's under root (its own host
+// namespace unless the flag was given).
+func openLinks(root string, simulate bool, hostNetns string, netnsGiven bool) (vflink.Links, func(), error) {
+	if !simulate {
+		l, err := vflink.Open(hostNetns)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--host-netns: %w", err)
+		}
+		return l, func() { l.Close() }, nil
+	}
+	h, err := simhost.Open(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--simulate: %w", err)
+	}
+	if !netnsGiven {
+		return h.Links(), func() { h.Close() }, nil
+	}
+	l, err := h.LinksAt(hostNetns)
+	if err != nil {
+		h.Close()
+		return nil, nil, fmt.Errorf("--host-netns: %w", err)
+	}
+	return l, func() { h.Close() }, nil
+}
+
+// resolver is discovery's Resolve over links.
+func resolver(links vflink.Links) func(string) error {
+	return func(netdev string) error {
+		_, err := links.Resolve(netdev)
+		return err
+	}
 }
 
 // groupHolders is discovery.Options.Holders over the host's /proc.
@@ -184,7 +241,8 @@ type driverFlags struct {
 	rescan, healthInterval                           time.Duration
 	registrarDir, pluginDir, cdiRoot, podUID         string
 	kubeletPodsDir, procRoot, bindingName            string
-	healthAddr                                       string
+	healthAddr, hostNetns                            string
+	hostNetnsGiven                                   bool
 	simulate                                         bool
 }
 
@@ -207,7 +265,8 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (who holds /dev/vfio group nodes open; QEMU memlock raise for live migration)")
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
-	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only)")
+	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
+	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns is given)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -215,6 +274,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	f.hostNetnsGiven = flagSet(fs, "host-netns")
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
@@ -260,7 +320,11 @@ type host struct {
 
 func openHost(f driverFlags) (*host, error) {
 	if !f.simulate {
-		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: vflink.Netlink{}, devRoot: f.devRoot, close: func() {}}, nil
+		l, err := vflink.Open(f.hostNetns)
+		if err != nil {
+			return nil, fmt.Errorf("--host-netns: %w", err)
+		}
+		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: l, devRoot: f.devRoot, close: func() { l.Close() }}, nil
 	}
 	var opts []simhost.Option
 	if f.devRoot != "/dev" {
@@ -270,7 +334,14 @@ func openHost(f driverFlags) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--simulate: %w", err)
 	}
-	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: h.Links(), devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
+	links := h.Links()
+	if f.hostNetnsGiven {
+		if links, err = h.LinksAt(f.hostNetns); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("--host-netns: %w", err)
+		}
+	}
+	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: links, devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
 }
 
 func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
@@ -343,7 +414,7 @@ func run(ctx context.Context, f driverFlags) error {
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
 	holders := groupHolders(f.procRoot, h.devRoot)
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName,
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links),
 		// A PF's link went down or up, or it vanished: republish now with
 		// or without the taint instead of at the next rescan.
 		OnPFChange: func() {
@@ -414,7 +485,7 @@ func run(ctx context.Context, f driverFlags) error {
 	defer p.Stop()
 	loop = slices.NewLoop(slices.LoopOptions{
 		NodeName: f.nodeName, Discoverer: h.sysfs, Publisher: p, Owned: state.Owned,
-		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders,
+		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 		OnPublish:  mx.Published,
@@ -445,9 +516,15 @@ func run(ctx context.Context, f driverFlags) error {
 		}, loop.Published)
 	})
 	wg.Go(func() {
-		err := migration.Run(ctx, migration.Options{
-			NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-			BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
+		// During a rolling update two instances run; two watchers would
+		// attach every migrated VF twice. The instance holding the lead
+		// lock runs it; the other waits and takes over when the holder
+		// stops or dies.
+		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
+			return migration.Run(ctx, migration.Options{
+				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
+				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
+			})
 		})
 		if err != nil && ctx.Err() == nil {
 			// Prepare and publishing do not depend on it: keep serving.
@@ -461,7 +538,7 @@ func run(ctx context.Context, f driverFlags) error {
 		}
 		defer srv.Close()
 	}
-	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
+	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "hostNetns", f.hostNetns, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
 	<-ctx.Done()
 	return shutdownCause(ctx)
 }
