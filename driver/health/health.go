@@ -52,8 +52,8 @@ const (
 	PFGone     = "gone"
 )
 
-// PFStates lists the PF health states.
-var PFStates = []string{PFHealthy, PFLinkDown, PFGone}
+// PFStates lists the PF health states (a fresh slice each call).
+func PFStates() []string { return []string{PFHealthy, PFLinkDown, PFGone} }
 
 // PFState classifies a PF found on the host.
 func PFState(pf *sysfs.PF) string {

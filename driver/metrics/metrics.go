@@ -264,7 +264,7 @@ func (c *stateCollector) CollectWithStability(ch chan<- k8smetrics.Metric) {
 	}
 	if c.state.PFs != nil {
 		for _, p := range c.state.PFs() {
-			for _, s := range health.PFStates {
+			for _, s := range health.PFStates() {
 				v := 0.0
 				if s == p.State {
 					v = 1
