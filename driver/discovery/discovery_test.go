@@ -395,7 +395,7 @@ func TestBuildInfinibandNotOffered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "InfiniBand") ||
-		!strings.Contains(res.Skipped[0].Reason, "GUIDs") {
+		!strings.Contains(res.Skipped[0].Reason, "GUIDs") || !strings.Contains(res.Skipped[0].Reason, "Ethernet mode") {
 		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
 	}
 }

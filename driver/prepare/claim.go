@@ -29,6 +29,7 @@ import (
 const (
 	StepCheckpointRecorded    = "checkpoint-recorded"
 	StepCheckpointBinding     = "checkpoint-binding"
+	StepCheckpointApplying    = "checkpoint-applying"
 	StepCDIWritten            = "cdi-written"
 	StepStatusUpdated         = "status-updated"
 	StepCheckpointPrepared    = "checkpoint-prepared"
@@ -110,8 +111,9 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 		d := checkpoint.Device{
 			Request: p.result.Request, Pool: p.result.Pool, Device: p.result.Device,
 			BDF: p.ref.Address, PFAddress: p.ref.PFAddress, PFNetDev: p.ref.PFName, VFIndex: p.ref.VFIndex,
-			Step:           checkpoint.StepConfiguring,
+			Step:           checkpoint.StepRecorded,
 			OriginalDriver: p.ref.Driver,
+			MACSet:         p.mac != nil,
 		}
 		if d.OriginalOverride, err = s.binder.Override(d.BDF); err != nil {
 			return nil, at(ErrStepRecord, stepError(d, "read original state", err))
@@ -143,26 +145,31 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 
 // forward makes the claim's devices prepared, from whatever step they are
 // at. Every host operation is idempotent.
+//
+// The VF goes to vfio-pci first and its settings are applied through the
+// PF afterwards, while no VF driver is bound (as dra-driver-sriov does):
+// MAC, VLAN and trust changes reset the VF on Intel PFs, which a bound VF
+// driver would have to live through, and only with the VF driver gone does
+// the PF report the administrative MAC rather than one the driver chose.
 func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, entry *checkpoint.Claim) error {
 	// Before anything is bound: the host may have changed since the slice
 	// was published (group shared, noiommu, a process took the VF). A
 	// device an interrupted call already bound was checked then.
 	for _, d := range entry.Devices {
-		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+		if d.Step.DriverTouched() {
 			continue
 		}
 		if err := s.opts.CheckVF(d.BDF); err != nil {
 			return at(ErrStepCheck, stepError(d, "check the VF can be passed through", err))
 		}
 	}
-	for _, d := range entry.Devices {
-		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
-			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
-		}
-	}
 	for i := range entry.Devices {
-		if entry.Devices[i].Step.Order() < checkpoint.StepBinding.Order() {
-			entry.Devices[i].Step = checkpoint.StepBinding
+		switch d := &entry.Devices[i]; d.Step {
+		case checkpoint.StepRecorded:
+			d.Step = checkpoint.StepBindingVFIO
+		case checkpoint.StepConfiguring:
+			// An older driver's entry: settings may be applied already.
+			d.Step = checkpoint.StepBinding
 		}
 	}
 	if err := s.update(claim.UID, entry); err != nil {
@@ -178,6 +185,24 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		}
 		d.IOMMUGroup, d.DevNode = bd.IOMMUGroup, bd.DevNode
 		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
+	}
+	for i := range entry.Devices {
+		d := &entry.Devices[i]
+		if d.Step == checkpoint.StepBindingVFIO {
+			if err := s.readAdminOriginal(ctx, d); err != nil {
+				return at(ErrStepLink, stepError(*d, "read the VF's settings through the PF with no VF driver bound", err))
+			}
+		}
+		d.Step = checkpoint.StepApplying
+	}
+	if err := s.update(claim.UID, entry); err != nil {
+		return at(ErrStepCheckpoint, err)
+	}
+	s.hook(StepCheckpointApplying)
+	for _, d := range entry.Devices {
+		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
+			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
+		}
 	}
 	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
 		return at(ErrStepCDI, fmt.Errorf("write CDI spec: %w", err))
@@ -195,6 +220,31 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointPrepared)
+	return nil
+}
+
+// readAdminOriginal reads the VF's MAC again now that no VF driver is
+// bound. A VF driver that got no MAC from the PF picks one itself (igbvf,
+// iavf), and the PF reports that one as the VF's MAC (igb, ice, bnxt) until
+// the driver lets go. Restoring it would pin it as an administrative MAC
+// (igb then sets IGB_VF_FLAG_PF_SET_MAC and refuses the VF driver's own
+// changes), so the original is what the PF reports now: all zeros when no
+// MAC was set. A MAC set by an administrator stays and reads the same.
+func (s *State) readAdminOriginal(ctx context.Context, d *checkpoint.Device) error {
+	now, err := s.opts.Links.VF(s.pfNetDev(ctx, *d), d.VFIndex)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(now.MAC, d.Original.MAC) {
+		return nil
+	}
+	klog.FromContext(ctx).V(2).Info("The VF's MAC before prepare was its driver's own, not set through the PF; unprepare leaves the VF's MAC as the PF has it now",
+		"device", d.Device, "bdf", d.BDF, "driverMAC", d.Original.MAC, "adminMAC", now.MAC)
+	d.OriginalOwnMAC = d.Original.MAC.String()
+	d.Original.MAC = append(net.HardwareAddr(nil), now.MAC...)
+	if !d.MACSet {
+		d.Applied.MAC = append(net.HardwareAddr(nil), now.MAC...)
+	}
 	return nil
 }
 
@@ -220,12 +270,16 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 			logger.Info("VF disappeared, nothing to restore", "device", d.Device, "bdf", d.BDF)
 			continue
 		}
-		// Link settings first: the original driver then probes the VF
-		// with its original MAC.
-		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
-			errs = append(errs, at(ErrStepRestoreLink, stepError(d, "restore VF link settings", err)))
+		// Settings first, while the VF is still on vfio-pci: the resets
+		// they cause hit no VF driver, and the original driver then probes
+		// the VF with its original settings (and picks its own MAC again
+		// when none is set).
+		if d.Step.SettingsTouched() {
+			if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
+				errs = append(errs, at(ErrStepRestoreLink, stepError(d, "restore VF link settings", err)))
+			}
 		}
-		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+		if d.Step.DriverTouched() {
 			if err := s.binder.Restore(ctx, d.BDF, d.OriginalDriver, d.OriginalOverride); err != nil {
 				errs = append(errs, at(ErrStepRestoreDriver, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err)))
 			}
@@ -312,7 +366,8 @@ func (s *State) setLink(pfi vflink.PF, vf int, want vflink.VFState) error {
 		}
 		s.hook("link-state")
 	}
-	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
+	// i40e raises a limit under 50 Mbps to 50: that one is applied.
+	if cur.MinTxRateMbps != want.MinTxRateMbps || !vflink.RateApplied(want.MaxTxRateMbps, cur.MaxTxRateMbps) {
 		if err := l.SetRate(pf, vf, want.MinTxRateMbps, want.MaxTxRateMbps); err != nil {
 			return explainRate(pfi, cur, want, err)
 		}

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
@@ -97,6 +98,12 @@ type Options struct {
 	CheckVF func(bdf string) error
 	// VFIOTimeout bounds the wait for /dev/vfio/<group> (default 30s).
 	VFIOTimeout time.Duration
+	// LinkRetryTimeout bounds how long one VF setting is retried while the
+	// PF answers that the VF is in reset (default
+	// vflink.DefaultRetryTimeout, about 2s).
+	LinkRetryTimeout time.Duration
+	// Clock times those retries (nil: the real clock).
+	Clock clock.Clock
 	// StaleTempAge is how old a temporary file of ours (checkpoint, CDI
 	// spec, the helper's metadata) must be for New to remove it as a
 	// crash's leftover (default 5 minutes: a younger one may be another
@@ -172,6 +179,9 @@ func New(opts Options) (*State, error) {
 	if opts.VFIOTimeout <= 0 {
 		opts.VFIOTimeout = 30 * time.Second
 	}
+	// Every PF-side set rides out VF resets and is verified by reading it
+	// back (vflink.Retrying).
+	opts.Links = vflink.Retrying{Links: opts.Links, Clock: opts.Clock, Timeout: opts.LinkRetryTimeout}
 	if opts.CheckVF == nil {
 		h := opts.Sysfs
 		opts.CheckVF = func(bdf string) error { return discovery.CheckVF(h, bdf, discovery.Policy{}, nil) }

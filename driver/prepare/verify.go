@@ -109,7 +109,7 @@ func linkDrift(cur, want vflink.VFState) []string {
 	if want.LinkState != "" && cur.LinkState != want.LinkState {
 		out = append(out, fmt.Sprintf("link state %s, want %s", cur.LinkState, want.LinkState))
 	}
-	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
+	if cur.MinTxRateMbps != want.MinTxRateMbps || !vflink.RateApplied(want.MaxTxRateMbps, cur.MaxTxRateMbps) {
 		out = append(out, fmt.Sprintf("tx rate %d-%d Mbps, want %d-%d", cur.MinTxRateMbps, cur.MaxTxRateMbps, want.MinTxRateMbps, want.MaxTxRateMbps))
 	}
 	return out

@@ -15,6 +15,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func devices(n int) []discovery.Device {
@@ -309,5 +310,30 @@ func TestDigest(t *testing.T) {
 	}
 	if c := Digest(DriverResources("n", devs("physnet-b"), nil)); c == a {
 		t.Fatalf("digest %q unchanged by a different network", c)
+	}
+}
+
+// The loop asks the link layer for each PF netdev: a driver that cannot
+// find them (wrong network namespace) publishes no devices, and one that
+// finds them again publishes them.
+func TestLoopWithholdsUnresolvablePFs(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	disc := &fakeDiscoverer{pfs: []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 4)}}
+	pub := &recorder{}
+	resolveErr := error(&vflink.LinkNotFoundError{Name: "ens1", Netns: "/proc/1/ns/net"})
+	var asked []string
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub,
+		LoadConfig: func() (*nodeconfig.Config, error) { return cfg(t, "a"), nil },
+		Resolve:    func(nd string) error { asked = append(asked, nd); return resolveErr }})
+	if _, err := l.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.lastDevices("n"); got != 0 || len(l.Published()) != 0 || strings.Join(asked, ",") != "ens1" {
+		t.Fatalf("unresolvable PF: %d devices published, asked %v", got, asked)
+	}
+	resolveErr = nil
+	if changed, err := l.Scan(ctx); err != nil || !changed || pub.lastDevices("n") != 4 {
+		t.Fatalf("resolvable again: changed %v, %d devices, %v", changed, pub.lastDevices("n"), err)
 	}
 }

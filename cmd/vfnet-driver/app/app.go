@@ -79,7 +79,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
 	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own network namespace unless --host-netns is given)")
+	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -93,7 +93,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns, flagSet(fs, "host-netns"))
+	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -149,17 +149,10 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
 	"(the default is the host init's, which a pod sees with hostPID: true)"
 
-// flagSet reports whether the flag name was given on the command line.
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
-}
-
 // openLinks opens the VF link layer: netlink in the namespace hostNetns,
 // or with simulate the simulated host's under root (its own host
-// namespace unless the flag was given).
-func openLinks(root string, simulate bool, hostNetns string, netnsGiven bool) (vflink.Links, func(), error) {
+// namespace unless the flag names another file than the default).
+func openLinks(root string, simulate bool, hostNetns string) (vflink.Links, func(), error) {
 	if !simulate {
 		l, err := vflink.Open(hostNetns)
 		if err != nil {
@@ -171,7 +164,8 @@ func openLinks(root string, simulate bool, hostNetns string, netnsGiven bool) (v
 	if err != nil {
 		return nil, nil, fmt.Errorf("--simulate: %w", err)
 	}
-	if !netnsGiven {
+	if hostNetns == vflink.DefaultHostNetns {
+		// The simulated host's own namespace stands for the host's.
 		return h.Links(), func() { h.Close() }, nil
 	}
 	l, err := h.LinksAt(hostNetns)
@@ -242,7 +236,6 @@ type driverFlags struct {
 	registrarDir, pluginDir, cdiRoot, podUID         string
 	kubeletPodsDir, procRoot, bindingName            string
 	healthAddr, hostNetns                            string
-	hostNetnsGiven                                   bool
 	simulate                                         bool
 }
 
@@ -266,7 +259,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns is given)")
+	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -274,7 +267,6 @@ func runDriver(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	f.hostNetnsGiven = flagSet(fs, "host-netns")
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
@@ -335,7 +327,9 @@ func openHost(f driverFlags) (*host, error) {
 		return nil, fmt.Errorf("--simulate: %w", err)
 	}
 	links := h.Links()
-	if f.hostNetnsGiven {
+	// The default names the host's namespace: in a simulation that is the
+	// simulated host's own, so a manifest that spells it out still works.
+	if f.hostNetns != vflink.DefaultHostNetns {
 		if links, err = h.LinksAt(f.hostNetns); err != nil {
 			h.Close()
 			return nil, fmt.Errorf("--host-netns: %w", err)

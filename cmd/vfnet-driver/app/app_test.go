@@ -358,10 +358,13 @@ func TestInspectWrongNetns(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
 	}
-	// The simulated host's own namespace (the default) offers them.
-	stdout, _ = inspect(t, h, cfg, "--simulate")
-	if s := decodeSlices(t, stdout); len(s[0].Spec.Devices) != 4 {
-		t.Fatalf("host namespace offers %d devices", len(s[0].Spec.Devices))
+	// The simulated host's own namespace (the default, also spelt out)
+	// offers them.
+	for _, args := range [][]string{{"--simulate"}, {"--simulate", "--host-netns", "/proc/1/ns/net"}} {
+		stdout, _ = inspect(t, h, cfg, args...)
+		if s := decodeSlices(t, stdout); len(s[0].Spec.Devices) != 4 {
+			t.Fatalf("%v: host namespace offers %d devices", args, len(s[0].Spec.Devices))
+		}
 	}
 	missing := filepath.Join(t.TempDir(), "proc", "1", "ns", "net")
 	for _, sim := range []string{"--simulate", "--simulate=false"} {
