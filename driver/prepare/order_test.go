@@ -295,3 +295,27 @@ func TestI40ERoundedRateIsApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With the PF's sriov_drivers_autoprobe at 0 the kernel binds a VF only
+// through driver_override (pci_device_can_probe); unprepare still gives the
+// VF back to its driver and leaves no override (seen on 6.1 and 6.12).
+func TestUnprepareOnPFWithoutAutoprobe(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.E810Host())
+	if err := e.Host.Kernel().WriteFile("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe", []byte("0\n")); err != nil {
+		t.Fatal(err)
+	}
+	s := e.NewState(t, nil)
+	c := preparetest.Claim("ns", "ap", "uid-ap", []string{vf1}, preparetest.Config(fromClaim, `{`+hdr+`,"vlan":5}`))
+	e.AddClaim(t, c)
+	before := e.Snapshot(t)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Snapshot(t); got.String() != before.String() {
+		t.Fatalf("host after unprepare:\n%s\nwant\n%s", got, before)
+	}
+}
