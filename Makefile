@@ -36,13 +36,14 @@ unit:
 kernel-deps:
 	@hack/kernel-deps.sh
 
-test-kernel: kernel-deps
-	VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
+# The netns case runs the real driver against a control plane on the host.
+test-kernel: kernel-deps k8s-bin
+	VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
 
 kubevirt-tests:
 	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -count=1 -timeout 30m ./...
 
-test: deps k8s-bin lint verify-generate unit kubevirt-tests
+test: deps k8s-bin lint verify-generate unit kubevirt-tests test-kernel
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo

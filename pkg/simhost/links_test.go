@@ -103,7 +103,6 @@ func TestLinksRejectLikeTheKernel(t *testing.T) {
 		{"VLAN 4096", l.SetVLAN("enp59s0f0", 0, 4096, 0, "802.1Q"), syscall.EINVAL},
 		{"VLAN -1", l.SetVLAN("enp59s0f0", 0, -1, 0, "802.1Q"), syscall.EINVAL},
 		{"qos 8", l.SetVLAN("enp59s0f0", 0, 10, 8, "802.1Q"), syscall.EINVAL},
-		{"qos without VLAN", l.SetVLAN("enp59s0f0", 0, 0, 3, "802.1Q"), syscall.EINVAL},
 		{"bad proto", l.SetVLAN("enp59s0f0", 0, 10, 0, "802.1X"), syscall.EPROTONOSUPPORT},
 		{"min > max", l.SetRate("enp59s0f0", 0, 500, 100), syscall.EINVAL},
 		{"negative rate", l.SetRate("enp59s0f0", 0, -1, 0), syscall.EINVAL},

@@ -110,6 +110,7 @@ func TestRealKernel(t *testing.T) {
 	step = time.Now()
 	runErr := env.Run(ctx, initrd, cases, lay.APIServer != "", io.MultiWriter(logf, &console))
 	t.Logf("guest ran %s (console: %s)", time.Since(step).Round(time.Second), logPath)
+	saveTrace(t, console.String(), filepath.Join(env.Dir, "last-trace.json"))
 	parsed, err := ParseConsole(bytes.NewReader(console.Bytes()))
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +136,20 @@ func TestRealKernel(t *testing.T) {
 				t.Fatalf("case %s failed: %s\nguest output:\n%s", c, r.Detail, r.Output)
 			}
 		})
+	}
+}
+
+// saveTrace keeps the trace case's JSON, to update
+// test/kernel/scenario/kernel-trace.json from when the kernel changes.
+func saveTrace(t *testing.T, console, path string) {
+	for _, l := range strings.Split(console, "\n") {
+		if i := strings.Index(l, layout.MarkTrace+" "); i >= 0 {
+			data := strings.TrimSpace(l[i+len(layout.MarkTrace)+1:])
+			if err := os.WriteFile(path, []byte(data+"\n"), 0o644); err != nil {
+				t.Error(err)
+			}
+			t.Logf("kernel trace saved to %s", path)
+		}
 	}
 }
 

@@ -187,7 +187,7 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		"-device", "igb,bus=rp3,addr=0x0",
 	)
 	if userNet {
-		args = append(args, "-netdev", "user,id=api,ipv6=off", "-device", "virtio-net-pci,netdev=api,bus=pcie.0,addr=0x5")
+		args = append(args, "-netdev", "user,id=api,ipv6=off", "-device", "virtio-net-pci,netdev=api,bus=pcie.0,addr=0x5,romfile=")
 	}
 	return args
 }

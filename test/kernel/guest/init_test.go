@@ -43,6 +43,7 @@ func caseTests() map[string]string {
 		"netns":       "TestDriverInOwnNetns",
 		"crash":       "TestConcurrentAndKilled",
 		"sharedgroup": "TestSharedIOMMUGroup",
+		"trace":       "TestKernelTrace",
 	}
 }
 

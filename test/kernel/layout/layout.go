@@ -19,6 +19,8 @@ const (
 	// Kubeconfig is the API server's admin kubeconfig (when the harness
 	// started one for the cases that run the real driver).
 	Kubeconfig = "/etc/vfnet/kubeconfig"
+	// MarkTrace starts the console line carrying the trace case's JSON.
+	MarkTrace = "VFNET-TRACE"
 	// CasesArg is the kernel command-line parameter listing the cases to
 	// run (comma-separated); without it every case runs.
 	CasesArg = "vfnet.cases"
@@ -99,5 +101,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace"}
 }
