@@ -580,17 +580,25 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if _, err := e.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create launcher pod: %v", err)
 	}
-	pod, err = e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started", func(p *corev1.Pod) bool {
-		if p.Status.Phase != corev1.PodRunning {
-			return false
-		}
+	pod, err = e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started (or one ended)", func(p *corev1.Pod) bool {
+		running := 0
 		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Running == nil {
-				return false
+			if cs.State.Terminated != nil {
+				return true // restartPolicy Never: it stays so
+			}
+			if cs.State.Running != nil {
+				running++
 			}
 		}
-		return true
+		return p.Status.Phase == corev1.PodRunning && running == len(p.Spec.Containers)
 	})
+	if err == nil {
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Terminated != nil {
+				err = fmt.Errorf("container %s ended:\n%s\nlog:\n%s", cs.Name, DescribePod(pod), PodLog(pod, cs.Name))
+			}
+		}
+	}
 	if err != nil {
 		t.Fatalf("%v\nevents:\n%s", err, e.Events(ctx, "default", pod.Name))
 	}
