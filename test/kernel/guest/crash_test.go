@@ -177,7 +177,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 		}
 		each(func(c *resourceapi.ResourceClaim) error { return unprepareClaim(ctx, s, c) })
 		for i, vf := range vfs {
-			m.checkRestored(t, pf, vf, before[i])
+			m.checkRestored(t, pf, vf, before[i], false)
 		}
 	})
 
@@ -201,7 +201,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 	prepSteps, _ := runKilled(t, dir, "prepare", 0)
 	m.checkPrepared(t, pf, vf, want)
 	unprepSteps, _ := runKilled(t, dir, "unprepare", 0)
-	m.checkRestored(t, pf, vf, before)
+	m.checkRestored(t, pf, vf, before, false)
 	t.Logf("prepare steps: %v\nunprepare steps: %v", prepSteps, unprepSteps)
 	if len(prepSteps) < 3 || len(unprepSteps) < 2 {
 		t.Fatalf("too few hook steps to kill at: %v / %v", prepSteps, unprepSteps)
@@ -225,7 +225,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 			if err := unprepareClaim(ctx, s, c); err != nil {
 				t.Fatalf("unprepare after restart: %v", err)
 			}
-			m.checkRestored(t, pf, vf, before)
+			m.checkRestored(t, pf, vf, before, false)
 		})
 	}
 	for at := 1; at <= len(unprepSteps); at++ {
@@ -241,7 +241,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 			if err := unprepareClaim(ctx, s, c); err != nil {
 				t.Fatalf("unprepare after restart: %v", err)
 			}
-			m.checkRestored(t, pf, vf, before)
+			m.checkRestored(t, pf, vf, before, false)
 		})
 	}
 }

@@ -256,7 +256,7 @@ func TestDriverInOwnNetns(t *testing.T) {
 	if r := ur.Claims[string(created.UID)]; r == nil || r.Error != "" {
 		t.Fatalf("NodeUnprepareResources: %+v", r)
 	}
-	m.checkRestored(t, pf, vf, before)
+	m.checkRestored(t, pf, vf, before, false)
 
 	if err := drv.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
