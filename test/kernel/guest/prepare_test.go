@@ -5,6 +5,7 @@ package guest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"net"
 	"os"
 	"path/filepath"
@@ -111,7 +112,11 @@ func (m *machine) checkMACNotAdministrative(t *testing.T, vf sysfs.VF) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mac := net.HardwareAddr{0x02, 0x5a, 0x5a, 0, 0, byte(vf.Index)}
+	// A MAC it never had: setting the current one again proves nothing.
+	mac := net.HardwareAddr{0x02, 0x5a, 0, 0, 0, 0}
+	if _, err := rand.Read(mac[2:]); err != nil {
+		t.Fatal(err)
+	}
 	if err := netlink.LinkSetHardwareAddr(l, mac); err != nil {
 		t.Errorf("VF %s (%s) cannot set its own MAC %s: %v: the PF left an administratively set MAC behind", vf.Address, netdev, mac, err)
 	}
