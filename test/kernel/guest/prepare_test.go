@@ -112,6 +112,8 @@ func (m *machine) checkMACNotAdministrative(t *testing.T, vf sysfs.VF) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	at, _ := os.ReadFile("/sys/class/net/" + netdev + "/addr_assign_type")
+	t.Logf("VF %s netdev %s address %s addr_assign_type %s", vf.Address, netdev, l.Attrs().HardwareAddr, strings.TrimSpace(string(at)))
 	// A MAC it never had: setting the current one again proves nothing.
 	mac := net.HardwareAddr{0x02, 0x5a, 0, 0, 0, 0}
 	if _, err := rand.Read(mac[2:]); err != nil {
@@ -132,6 +134,11 @@ func TestPrepareUnprepare(t *testing.T) {
 	vf := pf.VFs[0]
 	before := m.vfState(t, pf, vf)
 	t.Logf("before: %s\nip: %s", before, ipVF(t, pf.NetDev, vf.Index))
+	if len(vf.NetDevs) > 0 {
+		at, _ := os.ReadFile("/sys/class/net/" + vf.NetDevs[0] + "/addr_assign_type")
+		addr, _ := os.ReadFile("/sys/class/net/" + vf.NetDevs[0] + "/address")
+		t.Logf("EXPERIMENT pristine: netdev %s address %s addr_assign_type %s", vf.NetDevs[0], strings.TrimSpace(string(addr)), strings.TrimSpace(string(at)))
+	}
 	c := claim("prepare", `{`+vfConfigHead+`,"mac":"02:00:00:0a:0b:0c","vlan":100,"qos":3,"spoofChk":false,"trust":true,"maxTxRateMbps":200}`, vf)
 	dir := t.TempDir()
 	s := m.state(t, dir, nil, c)
@@ -166,6 +173,17 @@ func TestPrepareUnprepare(t *testing.T) {
 		}
 	}()
 	before = m.vfState(t, pf, vf)
+	{
+		fn, _ := m.sysfs.Function(vf.Address)
+		_ = os.WriteFile("/sys/bus/pci/drivers/igbvf/unbind", []byte(vf.Address), 0)
+		_ = os.WriteFile("/sys/bus/pci/drivers/igbvf/bind", []byte(vf.Address), 0)
+		fn, _ = m.sysfs.Function(vf.Address)
+		if len(fn.NetDevs) > 0 {
+			at, _ := os.ReadFile("/sys/class/net/" + fn.NetDevs[0] + "/addr_assign_type")
+			addr, _ := os.ReadFile("/sys/class/net/" + fn.NetDevs[0] + "/address")
+			t.Logf("EXPERIMENT admin MAC set, igbvf rebound: netdev %s address %s addr_assign_type %s", fn.NetDevs[0], strings.TrimSpace(string(addr)), strings.TrimSpace(string(at)))
+		}
+	}
 	c2 := claim("prepare-admin-mac", `{`+vfConfigHead+`,"mac":"02:00:00:0a:0b:0d","vlan":101}`, vf)
 	s2 := m.state(t, t.TempDir(), nil, c2)
 	if err := prepareClaim(ctx, s2, c2); err != nil {
