@@ -43,34 +43,65 @@ const (
 	PhaseUnpreparing Phase = "Unpreparing"
 )
 
-// Step is the last host change made for one device, in order.
+// Step is the last host change made for one device, in order:
+// Recorded, BindingVFIO, Applying, Bound. The VF is bound to vfio-pci
+// first and its settings are applied through the PF while no VF driver is
+// bound (a VF driver would see the resets they cause).
+//
+// Configuring and Binding are the steps of the order used before (settings
+// first, then the bind); they are still understood so that an entry
+// written by an older driver is finished or undone correctly.
 type Step string
 
 const (
 	// StepRecorded: originals are saved; the host is untouched.
 	StepRecorded Step = "Recorded"
-	// StepConfiguring: VF link settings are being applied through the PF.
-	StepConfiguring Step = "Configuring"
-	// StepBinding: the VF is being moved to vfio-pci (driver_override,
-	// unbind, bind, waiting for the /dev/vfio node).
-	StepBinding Step = "Binding"
-	// StepBound: the VF is bound to vfio-pci and its group node exists.
+	// StepBindingVFIO: the VF is being moved to vfio-pci; its settings are
+	// untouched.
+	StepBindingVFIO Step = "BindingVFIO"
+	// StepApplying: the VF is on vfio-pci, its original settings were read
+	// again with no VF driver bound, and the claim's settings are being
+	// applied through the PF.
+	StepApplying Step = "Applying"
+	// StepBound: the VF is bound to vfio-pci with its settings applied and
+	// its group node exists.
 	StepBound Step = "Bound"
+
+	// StepConfiguring (older order): settings are being applied, the VF is
+	// not being moved yet.
+	StepConfiguring Step = "Configuring"
+	// StepBinding (older order): settings are applied, the VF is being
+	// moved to vfio-pci.
+	StepBinding Step = "Binding"
 )
 
-// Order gives steps a rank so callers can ask "did we reach X".
-func (s Step) Order() int {
+// Valid reports whether s is a step this code knows.
+func (s Step) Valid() bool {
 	switch s {
-	case StepRecorded:
-		return 1
-	case StepConfiguring:
-		return 2
-	case StepBinding:
-		return 3
-	case StepBound:
-		return 4
+	case StepRecorded, StepBindingVFIO, StepApplying, StepBound, StepConfiguring, StepBinding:
+		return true
 	}
-	return 0
+	return false
+}
+
+// SettingsTouched reports whether the VF's link settings may differ from
+// the originals (undo restores them).
+func (s Step) SettingsTouched() bool {
+	switch s {
+	case StepApplying, StepBound, StepConfiguring, StepBinding:
+		return true
+	}
+	return false
+}
+
+// DriverTouched reports whether the VF may have left its original driver
+// (undo gives it back).
+func (s Step) DriverTouched() bool {
+	switch s {
+	case StepBindingVFIO, StepApplying, StepBound, StepBinding:
+		return true
+	}
+	return false
 }
 
 // Device is one prepared (or being prepared) VF.
@@ -91,8 +122,17 @@ type Device struct {
 	OriginalDriver string `json:"originalDriver"`
 	// OriginalOverride is driver_override before prepare ("" = none).
 	OriginalOverride string `json:"originalOverride"`
-	// Original is the VF's link state before prepare.
+	// Original is the VF's link state before prepare: what an
+	// administrator set through the PF. A MAC all zeros means none was
+	// set, and undo leaves it so.
 	Original vflink.VFState `json:"original"`
+	// OriginalOwnMAC is the MAC the PF reported before prepare when it was
+	// not an administrative one but the one the VF's own driver chose (it
+	// went away with the driver); kept for diagnostics, never restored.
+	OriginalOwnMAC string `json:"originalOwnMac,omitempty"`
+	// MACSet is true when prepare sets the MAC (VFConfig.mac or the VM's
+	// interface); otherwise the VF keeps its administrative MAC.
+	MACSet bool `json:"macSet,omitempty"`
 	// Applied is the VF link state prepare sets.
 	Applied vflink.VFState `json:"applied"`
 
@@ -175,7 +215,7 @@ func (s Store) Load() (*File, error) {
 			return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s has no valid phase): %s", ErrCorrupt, s.Path, uid, fix)
 		}
 		for _, d := range c.Devices {
-			if d.BDF == "" || d.Step.Order() == 0 {
+			if d.BDF == "" || !d.Step.Valid() {
 				return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s device %q has no BDF or step): %s", ErrCorrupt, s.Path, uid, d.Device, fix)
 			}
 		}

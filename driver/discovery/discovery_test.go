@@ -14,6 +14,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func mixedPFs(t *testing.T) []sysfs.PF {
@@ -394,7 +395,7 @@ func TestBuildInfinibandNotOffered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "InfiniBand") ||
-		!strings.Contains(res.Skipped[0].Reason, "GUIDs") {
+		!strings.Contains(res.Skipped[0].Reason, "GUIDs") || !strings.Contains(res.Skipped[0].Reason, "Ethernet mode") {
 		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
 	}
 }
@@ -484,6 +485,47 @@ func TestCheckVF(t *testing.T) {
 	}
 	if err := CheckVF(h3.Sysfs(), "0000:3b:02.1", Policy{AllowUnsafeNoIOMMU: true}, nil); err != nil {
 		t.Fatalf("noiommu with opt-in: %v", err)
+	}
+}
+
+func resolver(l vflink.Links) func(string) error {
+	return func(nd string) error { _, err := l.Resolve(nd); return err }
+}
+
+// A driver whose link layer looks in another network namespace than the
+// host's (its pod's own: no hostPID) sees the PFs in sysfs but could not
+// prepare one VF; it must offer none, and say why once.
+func TestBuildWrongNetnsPublishesNothing(t *testing.T) {
+	t.Parallel()
+	h, pfs := hostPFs(t, simhost.E810Host())
+	cfg := config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n- pfName: enp59s0f1\n  network: b\n")
+	good, err := Build(pfs, cfg, Options{Resolve: resolver(h.Links())})
+	if err != nil || len(good.Devices) == 0 || len(good.Skipped) != 0 {
+		t.Fatalf("host namespace: devices %s, err %v, skipped:\n%s", names(good.Devices), err, reasons(good.Skipped))
+	}
+	podNs, err := h.AddNetns("driver-pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := h.LinksAt(podNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Build(pfs, cfg, Options{Resolve: resolver(pod)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 2 {
+		t.Fatalf("wrong namespace: devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	for i, pf := range []string{"enp59s0f0", "enp59s0f1"} {
+		if r := res.Skipped[i].Reason; !strings.Contains(r, "PF netdev "+pf+" not found in network namespace "+podNs) ||
+			!strings.Contains(r, "hostPID: true") {
+			t.Errorf("reason %d: %s", i, r)
+		}
+	}
+	if !strings.Contains(res.Why, "none of the 2 selected PF netdevs is in network namespace "+podNs) || !strings.Contains(res.Why, "--host-netns") {
+		t.Errorf("why: %s", res.Why)
 	}
 }
 

@@ -38,6 +38,37 @@ type Options struct {
 	// Resolve looks a PF netdev up through the VF link layer
 	// (vflink.Links.Resolve); nil: not checked.
 	Resolve func(netdev string) error
+	// OnPFChange, if set, is called (outside the monitor's lock) after an
+	// Observe in which some PF changed state: the slices loop republishes
+	// with or without taints.
+	OnPFChange func()
+}
+
+// PF health states: the state label of vfnet_driver_pf_health and the
+// reason a PF's VFs are published with a taint.
+const (
+	PFHealthy  = "healthy"
+	PFLinkDown = "link-down"
+	PFGone     = "gone"
+)
+
+// PFStates lists the PF health states (a fresh slice each call).
+func PFStates() []string { return []string{PFHealthy, PFLinkDown, PFGone} }
+
+// PFState classifies a PF found on the host.
+func PFState(pf *sysfs.PF) string {
+	if linkDown[pf.OperState] {
+		return PFLinkDown
+	}
+	return PFHealthy
+}
+
+// PFHealth is the health of one PF whose VFs were offered.
+type PFHealth struct {
+	// Address is the PF's BDF, Name its netdev (the last one seen),
+	// Network the physical network its VFs are offered on.
+	Address, Name, Network string
+	State                  string
 }
 
 type entry struct {
@@ -54,7 +85,8 @@ type Monitor struct {
 
 	mu      sync.Mutex
 	devices map[string]*entry
-	changed chan struct{} // closed and replaced on every change
+	pfs     map[string]*PFHealth // by PF address
+	changed chan struct{}        // closed and replaced on every change
 }
 
 // NewMonitor returns a Monitor without devices.
@@ -65,7 +97,7 @@ func NewMonitor(opts Options) *Monitor {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Monitor{opts: opts, devices: map[string]*entry{}, changed: make(chan struct{})}
+	return &Monitor{opts: opts, devices: map[string]*entry{}, pfs: map[string]*PFHealth{}, changed: make(chan struct{})}
 }
 
 // linkDown lists operstate values (Documentation/networking/operstates.rst)
@@ -76,6 +108,13 @@ var linkDown = map[string]bool{"down": true, "lowerlayerdown": true, "notpresent
 // Observe updates health from a fresh host model. offered are the devices
 // currently offered; devices seen before keep being tracked.
 func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
+	if m.observe(pfs, offered) && m.opts.OnPFChange != nil {
+		m.opts.OnPFChange()
+	}
+}
+
+// observe updates health and reports whether a PF changed state.
+func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
 	type vfInfo struct {
 		pf         *sysfs.PF
 		vfs        map[string]bool
@@ -108,7 +147,25 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		if _, ok := m.devices[d.Name]; !ok {
 			m.devices[d.Name] = &entry{pfAddress: d.PFAddress, vfAddress: d.Address}
 		}
+		p := m.pfs[d.PFAddress]
+		if p == nil {
+			p = &PFHealth{Address: d.PFAddress}
+			m.pfs[d.PFAddress] = p
+		}
+		p.Network = d.Network
 	}
+	for addr, p := range m.pfs {
+		state := PFGone
+		if info, ok := byPF[addr]; ok {
+			state = PFState(info.pf)
+			if nd := info.pf.Uplink(); nd != "" {
+				p.Name = nd
+			}
+		}
+		pfChanged = pfChanged || (p.State != "" && p.State != state)
+		p.State = state
+	}
+
 	changed := false
 	for _, e := range m.devices {
 		status, msg := kubeletplugin.HealthStatusHealthy, ""
@@ -133,6 +190,19 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		close(m.changed)
 		m.changed = make(chan struct{})
 	}
+	return pfChanged
+}
+
+// PFs returns the health of every PF whose VFs were ever offered, sorted by
+// address.
+func (m *Monitor) PFs() []PFHealth {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PFHealth, 0, len(m.pfs))
+	for _, a := range slices.Sorted(maps.Keys(m.pfs)) {
+		out = append(out, *m.pfs[a])
+	}
+	return out
 }
 
 // Report returns the health of every known device, sorted by name.

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
@@ -97,6 +98,12 @@ type Options struct {
 	CheckVF func(bdf string) error
 	// VFIOTimeout bounds the wait for /dev/vfio/<group> (default 30s).
 	VFIOTimeout time.Duration
+	// LinkRetryTimeout bounds how long one VF setting is retried while the
+	// PF answers that the VF is in reset (default
+	// vflink.DefaultRetryTimeout, about 2s).
+	LinkRetryTimeout time.Duration
+	// Clock times those retries (nil: the real clock).
+	Clock clock.Clock
 	// StaleTempAge is how old a temporary file of ours (checkpoint, CDI
 	// spec, the helper's metadata) must be for New to remove it as a
 	// crash's leftover (default 5 minutes: a younger one may be another
@@ -109,6 +116,16 @@ type Options struct {
 	// Hook, if set, is called after each checkpoint write and host change
 	// with the step's name. Crash tests stop the process there.
 	Hook func(step string)
+	// Observer, if set, sees every claim's prepare and unprepare
+	// (driver/metrics).
+	Observer Observer
+}
+
+// Observer sees the outcome of every claim's prepare and unprepare: how
+// long it took and, on failure, the step (ErrStep...) and the error.
+type Observer interface {
+	PrepareDone(d time.Duration, step string, err error)
+	UnprepareDone(d time.Duration, step string, err error)
 }
 
 // LockFileName is the node lock's file in the plugin data directory. It is
@@ -162,6 +179,9 @@ func New(opts Options) (*State, error) {
 	if opts.VFIOTimeout <= 0 {
 		opts.VFIOTimeout = 30 * time.Second
 	}
+	// Every PF-side set rides out VF resets and is verified by reading it
+	// back (vflink.Retrying).
+	opts.Links = vflink.Retrying{Links: opts.Links, Clock: opts.Clock, Timeout: opts.LinkRetryTimeout}
 	if opts.CheckVF == nil {
 		h := opts.Sysfs
 		opts.CheckVF = func(bdf string) error { return discovery.CheckVF(h, bdf, discovery.Policy{}, nil) }
@@ -382,6 +402,7 @@ func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim
 		cctx := klog.NewContext(ctx, logger)
 		start := time.Now()
 		devs, err := s.prepareClaim(cctx, claim)
+		s.observePrepare(start, err)
 		if err != nil {
 			logger.Error(err, "Prepare failed")
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -393,6 +414,18 @@ func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim
 		out[claim.UID] = kubeletplugin.PrepareResult{Devices: devs}
 	}
 	return out, nil
+}
+
+func (s *State) observePrepare(start time.Time, err error) {
+	if s.opts.Observer != nil {
+		s.opts.Observer.PrepareDone(time.Since(start), StepOf(err), err)
+	}
+}
+
+func (s *State) observeUnprepare(start time.Time, err error) {
+	if s.opts.Observer != nil {
+		s.opts.Observer.UnprepareDone(time.Since(start), StepOf(err), err)
+	}
 }
 
 // Unprepare implements plugin.ClaimPreparer.
@@ -409,6 +442,7 @@ func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.Namespaced
 		start := time.Now()
 		entry := s.entry(c.UID)
 		err := s.unprepareClaim(cctx, c)
+		s.observeUnprepare(start, err)
 		switch {
 		case err != nil:
 			logger.Error(err, "Unprepare failed")
@@ -586,6 +620,52 @@ func (s *State) locate(device string) (vfRef, error) {
 
 func describe(d checkpoint.Device) string {
 	return fmt.Sprintf("VF %s (%s, %s vf %d)", d.BDF, d.Device, d.PFNetDev, d.VFIndex)
+}
+
+// Error steps: the "step" label of the prepare and unprepare error counters
+// (driver/metrics), from StepOf. A small fixed set: labels stay bounded.
+const (
+	ErrStepPlan          = "plan"           // allocation, VF lookup, VFConfig, VM MAC
+	ErrStepRecord        = "record"         // reading the VF's original state, VF held by another claim
+	ErrStepCheck         = "check"          // vfio-pci missing, VF not passable (IOMMU group, holders)
+	ErrStepLink          = "link"           // VF settings through the PF
+	ErrStepBind          = "bind"           // binding to vfio-pci
+	ErrStepCDI           = "cdi"            // writing or removing the CDI spec
+	ErrStepStatus        = "status"         // claim status.devices
+	ErrStepCheckpoint    = "checkpoint"     // writing the checkpoint
+	ErrStepRestoreLink   = "restore-link"   // unprepare: original VF settings
+	ErrStepRestoreDriver = "restore-driver" // unprepare: original driver
+	ErrStepOther         = "other"
+)
+
+// stepFailure tags an error with its step; the message is the error's own.
+type stepFailure struct {
+	step string
+	err  error
+}
+
+func (f *stepFailure) Error() string { return f.err.Error() }
+func (f *stepFailure) Unwrap() error { return f.err }
+
+// at tags err with step (StepOf finds the outermost tag).
+func at(step string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepFailure{step: step, err: err}
+}
+
+// StepOf returns the step a prepare or unprepare error happened at
+// (ErrStep...), ErrStepOther when it is untagged, "" for nil.
+func StepOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var f *stepFailure
+	if errors.As(err, &f) {
+		return f.step
+	}
+	return ErrStepOther
 }
 
 // stepError names the VF, the step and the cause.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -47,6 +48,7 @@ type Option func(*options)
 type options struct {
 	vfioDelay *time.Duration
 	devRoot   string
+	clock     clock.PassiveClock
 	charDevs  bool
 }
 
@@ -102,6 +104,9 @@ type Host struct {
 	delayPinned bool
 	// building is set while Build lays out the tree: no delayed nodes.
 	building bool
+	// clock dates VF resets; resets says how long they last (SetVFResets).
+	clock  clock.PassiveClock
+	resets VFResets
 }
 
 // fileStamp identifies a version of a file replaced by rename.
@@ -181,6 +186,9 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.clock != nil {
+		h.clock = o.clock
+	}
 	h.building = true
 	err = h.build()
 	h.building = false
@@ -233,6 +241,9 @@ func Open(root string, opts ...Option) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.clock != nil {
+		h.clock = o.clock
+	}
 	h.stamp = stampOf(p)
 	h.delayPinned = o.vfioDelay != nil
 	if err := h.coldplug(); err != nil {
@@ -244,7 +255,7 @@ func Open(root string, opts ...Option) (*Host, error) {
 
 func newHost(root string, st persisted) (*Host, error) {
 	h := &Host{t: tree{root: root}, devRoot: st.DevRoot, st: st, lockFD: -1,
-		timers: map[string]*time.Timer{}}
+		timers: map[string]*time.Timer{}, clock: clock.RealClock{}}
 	h.index()
 	if err := os.MkdirAll(filepath.Join(root, stateDir), 0o755); err != nil {
 		return nil, err

@@ -300,9 +300,13 @@ func (l *Links) linkMessage(dev simNetdev, mask uint32, seq uint32) ([]byte, err
 			if err != nil {
 				return nil, err
 			}
+			rt, err := l.h.loadRuntime()
+			if err != nil {
+				return nil, err
+			}
 			list := add(unix.IFLA_VFINFO_LIST, nil)
 			for i := range numVFs {
-				addVFInfo(list, i, l.get(m, dev.name, i), isIB, mask&vflink.RTEXTFilterSkipStats == 0)
+				addVFInfo(list, i, l.reported(m, rt, dev.name, pfDir, i), isIB, mask&vflink.RTEXTFilterSkipStats == 0)
 			}
 		}
 	}

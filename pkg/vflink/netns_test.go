@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -103,6 +105,41 @@ func TestHostNetnsFromOtherNamespace(t *testing.T) {
 		return nil
 	}, nil); err != nil {
 		t.Fatal(err)
+	}
+
+	// The same from a whole process started in a fresh namespace (as the
+	// driver's pod is), this test binary re-run as a child.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLinkLayerProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), "VFNET_TEST_NETNS="+hostNs, "VFNET_TEST_LINK="+pf, "VFNET_TEST_INDEX="+strconv.Itoa(wantIndex))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestLinkLayerProcess") {
+		t.Fatalf("child process in a fresh namespace: %v\n%s", err, out)
+	}
+}
+
+// TestLinkLayerProcess is the child of TestHostNetnsFromOtherNamespace:
+// a process in its own network namespace opening the link layer on
+// another one's file.
+func TestLinkLayerProcess(t *testing.T) {
+	ns, pf := os.Getenv("VFNET_TEST_NETNS"), os.Getenv("VFNET_TEST_LINK")
+	if ns == "" {
+		t.Skip("run by TestHostNetnsFromOtherNamespace")
+	}
+	if _, err := netlink.LinkByName(pf); err == nil {
+		t.Fatalf("%s is visible in the child's own namespace", pf)
+	}
+	links, err := Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer links.Close()
+	d, err := links.Resolve(pf)
+	if err != nil || strconv.Itoa(d.Index) != os.Getenv("VFNET_TEST_INDEX") {
+		t.Fatalf("resolve %s in %s: %+v %v", pf, ns, d, err)
+	}
+	if _, err := links.VF(pf, 0); IsLinkNotFound(err) || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("VF read: %v", err)
 	}
 }
 

@@ -3,16 +3,19 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vfnet-io/vfnet/test/controlplane"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -63,21 +66,33 @@ func TestRealKernel(t *testing.T) {
 	if v := os.Getenv(envCases); v != "" {
 		cases = strings.Split(v, ",")
 		for _, c := range cases {
-			if !contains(layout.AllCases(), c) {
+			if !slices.Contains(layout.AllCases(), c) {
 				t.Fatalf("%s names %q; the cases are %v", envCases, c, layout.AllCases())
 			}
 		}
 	}
 
 	work := t.TempDir()
+	lay := layout.Default()
+	lay.Cases = cases
+	var kubeconfig string
+	if slices.ContainsFunc(cases, layout.NeedsAPIServer) {
+		// The real driver needs an API server: the guest reaches this
+		// one through QEMU's user-mode network.
+		plane := controlplane.StartForTest(t, controlplane.Options{})
+		u, err := url.Parse(plane.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay.APIServer = net.JoinHostPort(layout.GuestGateway, u.Port())
+		kubeconfig = plane.AdminKubeconfig
+	}
 	step := time.Now()
 	bins := buildGuestBinaries(t, repo, work)
 	t.Logf("guest binaries built: %s", time.Since(step).Round(time.Millisecond))
 	step = time.Now()
-	lay := layout.Default()
-	lay.Cases = cases
 	initrd := filepath.Join(env.Dir, "initramfs.cpio")
-	if err := env.BuildInitramfs(initrd, Image{Init: bins.init, Driver: bins.driver, Layout: lay}); err != nil {
+	if err := env.BuildInitramfs(initrd, Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig}); err != nil {
 		t.Fatalf("build the guest initramfs: %v", err)
 	}
 	st, _ := os.Stat(initrd)
@@ -90,11 +105,12 @@ func TestRealKernel(t *testing.T) {
 	}
 	defer logf.Close()
 	var console bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
 	step = time.Now()
-	runErr := env.Run(ctx, initrd, cases, io.MultiWriter(logf, &syncWriter{w: &console}))
+	runErr := env.Run(ctx, initrd, cases, lay.APIServer != "", io.MultiWriter(logf, &console))
 	t.Logf("guest ran %s (console: %s)", time.Since(step).Round(time.Second), logPath)
+	saveTrace(t, console.String(), filepath.Join(env.Dir, "last-trace.json"))
 	parsed, err := ParseConsole(bytes.NewReader(console.Bytes()))
 	if err != nil {
 		t.Fatal(err)
@@ -123,6 +139,20 @@ func TestRealKernel(t *testing.T) {
 	}
 }
 
+// saveTrace keeps the trace case's JSON, to update
+// test/kernel/scenario/kernel-trace.json from when the kernel changes.
+func saveTrace(t *testing.T, console, path string) {
+	for _, l := range strings.Split(console, "\n") {
+		if i := strings.Index(l, layout.MarkTrace+" "); i >= 0 {
+			data := strings.TrimSpace(l[i+len(layout.MarkTrace)+1:])
+			if err := os.WriteFile(path, []byte(data+"\n"), 0o644); err != nil {
+				t.Error(err)
+			}
+			t.Logf("kernel trace saved to %s", path)
+		}
+	}
+}
+
 type guestBinaries struct{ init, driver string }
 
 // buildGuestBinaries builds the case binary (the guest's /init) and
@@ -145,15 +175,6 @@ func buildGuestBinaries(t *testing.T, repo, dir string) guestBinaries {
 	return b
 }
 
-func contains(list []string, s string) bool {
-	for _, l := range list {
-		if l == s {
-			return true
-		}
-	}
-	return false
-}
-
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
@@ -161,10 +182,3 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// syncWriter is a plain writer; QEMU's stdout is copied by one goroutine.
-type syncWriter struct{ w io.Writer }
-
-func (s *syncWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
-
-var _ = fmt.Sprint

@@ -74,6 +74,8 @@ type Image struct {
 	// Driver is the static vfnet-driver binary.
 	Driver string
 	Layout layout.Layout
+	// Kubeconfig, when set, is copied to layout.Kubeconfig.
+	Kubeconfig string
 }
 
 // BuildInitramfs writes the guest's initramfs to out.
@@ -121,6 +123,9 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 		c.CopyFile(g, libs[g])
 	}
 	c.File(layout.File, 0o644, lay)
+	if img.Kubeconfig != "" {
+		c.CopyFile(layout.Kubeconfig, img.Kubeconfig)
+	}
 	var list bytes.Buffer
 	for i, p := range order {
 		g := fmt.Sprintf("/lib/modules/%02d-%s.ko", i, ModuleName(p))
@@ -145,7 +150,9 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 // QEMUArgs is the machine: q35 with an emulated Intel IOMMU (interrupt
 // remapping needs the split irqchip; caching-mode lets vfio map DMA), two
 // NUMA nodes, and the igb PFs of the layout each behind its own root port.
-func (e *Env) QEMUArgs(initrd string, cases []string) []string {
+// With userNet, a virtio NIC on QEMU's user-mode network lets the guest
+// reach the host's loopback (the harness's API server) at 10.0.2.2.
+func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	args := []string{}
 	for _, d := range e.QEMUData {
 		args = append(args, "-L", d)
@@ -179,13 +186,16 @@ func (e *Env) QEMUArgs(initrd string, cases []string) []string {
 		"-device", "pcie-root-port,id=rp3,bus=pxb1,addr=0x0,chassis=3",
 		"-device", "igb,bus=rp3,addr=0x0",
 	)
+	if userNet {
+		args = append(args, "-netdev", "user,id=api,ipv6=off", "-device", "virtio-net-pci,netdev=api,bus=pcie.0,addr=0x5,romfile=")
+	}
 	return args
 }
 
 // Run boots the guest, copies its console to console (and to log), and
 // waits for the guest to power off or ctx to end.
-func (e *Env) Run(ctx context.Context, initrd string, cases []string, console io.Writer) error {
-	cmd := exec.CommandContext(ctx, e.QEMU, e.QEMUArgs(initrd, cases)...)
+func (e *Env) Run(ctx context.Context, initrd string, cases []string, userNet bool, console io.Writer) error {
+	cmd := exec.CommandContext(ctx, e.QEMU, e.QEMUArgs(initrd, cases, userNet)...)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+e.QEMULibPath)
 	cmd.Stdout = console
 	var stderr bytes.Buffer

@@ -34,6 +34,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/metrics"
 	"github.com/vfnet-io/vfnet/driver/migration"
 	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
@@ -78,7 +79,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
 	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own network namespace unless --host-netns is given)")
+	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -92,7 +93,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns, flagSet(fs, "host-netns"))
+	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -128,7 +129,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	if res.Why != "" {
 		fmt.Fprintf(stderr, "# %s\n", res.Why)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices))
+	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices, slices.PFTaints(pfs, res.Devices)))
 	for i := range out {
 		b, err := yaml.Marshal(&out[i])
 		if err != nil {
@@ -148,17 +149,10 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
 	"(the default is the host init's, which a pod sees with hostPID: true)"
 
-// flagSet reports whether the flag name was given on the command line.
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
-}
-
 // openLinks opens the VF link layer: netlink in the namespace hostNetns,
 // or with simulate the simulated host's under root (its own host
-// namespace unless the flag was given).
-func openLinks(root string, simulate bool, hostNetns string, netnsGiven bool) (vflink.Links, func(), error) {
+// namespace unless the flag names another file than the default).
+func openLinks(root string, simulate bool, hostNetns string) (vflink.Links, func(), error) {
 	if !simulate {
 		l, err := vflink.Open(hostNetns)
 		if err != nil {
@@ -170,7 +164,8 @@ func openLinks(root string, simulate bool, hostNetns string, netnsGiven bool) (v
 	if err != nil {
 		return nil, nil, fmt.Errorf("--simulate: %w", err)
 	}
-	if !netnsGiven {
+	if hostNetns == vflink.DefaultHostNetns {
+		// The simulated host's own namespace stands for the host's.
 		return h.Links(), func() { h.Close() }, nil
 	}
 	l, err := h.LinksAt(hostNetns)
@@ -205,8 +200,8 @@ func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string,
 }
 
 // checkpointVFs reads the running driver's checkpoint without changing
-// anything (checkpoint.Store.Load tidies temp files, which must not race
-// with a live driver): the VFs vfnet prepared, bound to vfio-pci by vfnet.
+// anything, leniently (a diagnostic tool should still say what it can):
+// the VFs vfnet prepared, bound to vfio-pci by vfnet.
 func checkpointVFs(path string) (map[string]bool, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -241,7 +236,6 @@ type driverFlags struct {
 	registrarDir, pluginDir, cdiRoot, podUID         string
 	kubeletPodsDir, procRoot, bindingName            string
 	healthAddr, hostNetns                            string
-	hostNetnsGiven                                   bool
 	simulate                                         bool
 }
 
@@ -263,9 +257,9 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "kubelet pods directory (launcher libvirt sockets, for live migration)")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (who holds /dev/vfio group nodes open; QEMU memlock raise for live migration)")
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz and /readyz (e.g. :51515); off when empty")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns is given)")
+	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -273,7 +267,6 @@ func runDriver(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	f.hostNetnsGiven = flagSet(fs, "host-netns")
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
@@ -334,7 +327,9 @@ func openHost(f driverFlags) (*host, error) {
 		return nil, fmt.Errorf("--simulate: %w", err)
 	}
 	links := h.Links()
-	if f.hostNetnsGiven {
+	// The default names the host's namespace: in a simulation that is the
+	// simulated host's own, so a manifest that spells it out still works.
+	if f.hostNetns != vflink.DefaultHostNetns {
 		if links, err = h.LinksAt(f.hostNetns); err != nil {
 			h.Close()
 			return nil, fmt.Errorf("--host-netns: %w", err)
@@ -413,7 +408,40 @@ func run(ctx context.Context, f driverFlags) error {
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
 	holders := groupHolders(f.procRoot, h.devRoot)
-	state, err := prepare.New(prepare.Options{
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links),
+		// A PF's link went down or up, or it vanished: republish now with
+		// or without the taint instead of at the next rescan.
+		OnPFChange: func() {
+			if l := published.Load(); l != nil {
+				l.Trigger()
+			}
+		}})
+	var state *prepare.State
+	mx := metrics.New(metrics.State{
+		Published: func() []discovery.Device {
+			if l := published.Load(); l != nil {
+				return l.Published()
+			}
+			return nil
+		},
+		Prepared: func() []metrics.PreparedDevice {
+			var out []metrics.PreparedDevice
+			for _, c := range state.Snapshot().Claims {
+				for _, d := range c.Devices {
+					out = append(out, metrics.PreparedDevice{Device: d.Device, PFAddress: d.PFAddress})
+				}
+			}
+			return out
+		},
+		PFs: monitor.PFs,
+		Tainted: func() map[string]int {
+			if l := published.Load(); l != nil {
+				return l.Tainted()
+			}
+			return nil
+		},
+	})
+	state, err = prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
 		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
@@ -433,16 +461,17 @@ func run(ctx context.Context, f driverFlags) error {
 			}
 			return nil
 		},
+		Observer: mx,
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links)})
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: kube,
 		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
 		Preparer: state, Health: monitor,
-		OnFatal: func(err error) { cancel(err) },
+		OnFatal:   func(err error) { cancel(err) },
+		OnRequest: mx.RequestDone,
 	})
 	if err != nil {
 		return err
@@ -453,6 +482,7 @@ func run(ctx context.Context, f driverFlags) error {
 		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
+		OnPublish:  mx.Published,
 	})
 	published.Store(loop)
 	// The first publish waits for the ResourceSlice informer to sync; a
@@ -487,7 +517,7 @@ func run(ctx context.Context, f driverFlags) error {
 		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
 			return migration.Run(ctx, migration.Options{
 				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
+				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
 			})
 		})
 		if err != nil && ctx.Err() == nil {
@@ -496,7 +526,7 @@ func run(ctx context.Context, f driverFlags) error {
 		}
 	})
 	if f.healthAddr != "" {
-		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan))
+		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan), mx.Handler())
 		if err != nil {
 			return err
 		}
@@ -541,8 +571,9 @@ func (s *status) since() time.Duration {
 	return time.Since(s.last)
 }
 
-func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration) (*http.Server, error) {
+func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration, metricsHandler http.Handler) (*http.Server, error) {
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if d := st.since(); d > stale {
 			http.Error(w, fmt.Sprintf("no successful sysfs scan for %s", d.Truncate(time.Second)), http.StatusServiceUnavailable)

@@ -334,3 +334,44 @@ func TestInspectVFIOHeld(t *testing.T) {
 		t.Fatalf("%d devices; stderr:\n%s", n, stderr)
 	}
 }
+
+// inspect run in the wrong network namespace (a pod without hostPID) says
+// per PF that its netdev is not there and offers nothing; a namespace file
+// that does not exist is an error naming it and the fix.
+func TestInspectWrongNetns(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.E810Host())
+	podNs, err := h.AddNetns("driver-pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n"
+	stdout, stderr := inspect(t, h, cfg, "--simulate", "--host-netns", podNs)
+	if s := decodeSlices(t, stdout); len(s) != 1 || len(s[0].Spec.Devices) != 0 {
+		t.Fatalf("wrong namespace offers %d devices", len(s[0].Spec.Devices))
+	}
+	for _, want := range []string{
+		"# not offered: 0000:3b:00.0: PF netdev enp59s0f0 not found in network namespace " + podNs + ":",
+		"hostPID: true", "# none of the 1 selected PF netdevs is in network namespace " + podNs,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	// The simulated host's own namespace (the default, also spelt out)
+	// offers them.
+	for _, args := range [][]string{{"--simulate"}, {"--simulate", "--host-netns", "/proc/1/ns/net"}} {
+		stdout, _ = inspect(t, h, cfg, args...)
+		if s := decodeSlices(t, stdout); len(s[0].Spec.Devices) != 4 {
+			t.Fatalf("%v: host namespace offers %d devices", args, len(s[0].Spec.Devices))
+		}
+	}
+	missing := filepath.Join(t.TempDir(), "proc", "1", "ns", "net")
+	for _, sim := range []string{"--simulate", "--simulate=false"} {
+		var out, errOut bytes.Buffer
+		code := Main([]string{"inspect", sim, "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &out, &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), "--host-netns: network namespace "+missing) || !strings.Contains(errOut.String(), "hostPID: true") {
+			t.Errorf("%s, missing namespace: exit %d, stderr %s", sim, code, errOut.String())
+		}
+	}
+}

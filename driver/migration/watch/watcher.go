@@ -84,6 +84,10 @@ type Config struct {
 	ResolveTimeout time.Duration
 	// Resync re-lists VMIs periodically; zero means 10 minutes.
 	Resync time.Duration
+	// OnAttach, if set, sees every finished attach action: its side, the
+	// time from seeing the finished migration to the VFs being in place
+	// (or to giving up), and the error (driver/metrics).
+	OnAttach func(side string, d time.Duration, err error)
 	// Sleep waits d between checks for the VMI API, or returns ctx's error;
 	// nil means a timer. Tests record the backoff with it.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -545,8 +549,15 @@ func (w *Watcher) warnNotMigratable(vmi *vmiview.VMI, ifaces []vmiview.ClaimInte
 func (w *Watcher) run(ctx context.Context, vmi *vmiview.VMI, act Action) {
 	logger := klog.FromContext(ctx).WithValues("vmi", kref(vmi), "side", act.Side, "migration", act.MigrationKey)
 	ctx = klog.NewContext(ctx, logger)
+	start := time.Now()
+	done := func(err error) {
+		if w.cfg.OnAttach != nil {
+			w.cfg.OnAttach(string(act.Side), time.Since(start), err)
+		}
+	}
 	if act.PodName == "" {
 		w.sourcePodUnknown(ctx, vmi, act)
+		done(errors.New("source pod unknown"))
 		return
 	}
 	req, err := w.resolveWithRetry(ctx, vmi, act)
@@ -559,7 +570,8 @@ func (w *Watcher) run(ctx context.Context, vmi *vmiview.VMI, act Action) {
 					"Attached %s to domain %s in pod %s on node %s after %s migration",
 					describe(req.Hostdevs), req.Domain, act.PodName, w.cfg.NodeName, outcome(act.Side))
 			}
-			logger.Info("Migration VFs in place", "attached", res.Attached, "present", res.Present, "attempts", res.Attempts)
+			logger.Info("Migration VFs in place", "attached", res.Attached, "present", res.Present, "attempts", res.Attempts, "duration", time.Since(start))
+			done(nil)
 			return
 		}
 	}
@@ -567,6 +579,7 @@ func (w *Watcher) run(ctx context.Context, vmi *vmiview.VMI, act Action) {
 		return // shutting down; a restarted driver replays the VMI
 	}
 	logger.Error(err, "Giving up attaching VFs after migration")
+	done(err)
 	w.cfg.Recorder.Eventf(eventRef(vmi), corev1.EventTypeWarning, ReasonAttachFailed,
 		"Could not attach vfnet VFs to the %s launcher on node %s after %s migration: %v", act.Side, w.cfg.NodeName, outcome(act.Side), err)
 }

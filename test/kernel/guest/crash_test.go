@@ -52,8 +52,16 @@ func TestKillHelper(t *testing.T) {
 		n++
 		fmt.Fprintln(steps, step)
 		if n == at {
-			_ = os.WriteFile(filepath.Join(dir, "stopped"), []byte(step), 0o644)
-			select {} // wait for SIGKILL
+			// Renamed into place: the parent never reads a half-written name.
+			tmp := filepath.Join(dir, "stopped.tmp")
+			if err := os.WriteFile(tmp, []byte(step), 0o644); err == nil {
+				_ = os.Rename(tmp, filepath.Join(dir, "stopped"))
+			}
+			// Wait for SIGKILL. A sleep, not an empty select: with no other
+			// goroutine left the runtime would call that a deadlock and exit.
+			for {
+				time.Sleep(time.Hour)
+			}
 		}
 	}, c)
 	ctx := context.Background()
@@ -224,7 +232,9 @@ func TestConcurrentAndKilled(t *testing.T) {
 		t.Run(fmt.Sprintf("unprepare-killed-at-%d", at), func(t *testing.T) {
 			dir := newDir(t)
 			before := m.vfState(t, pf, vf)
-			runKilled(t, dir, "prepare", 0)
+			if err := prepareClaim(ctx, m.state(t, dir, nil, c), c); err != nil {
+				t.Fatalf("prepare: %v", err)
+			}
 			_, step := runKilled(t, dir, "unprepare", at)
 			t.Logf("killed after %s: %s", step, m.vfState(t, pf, vf))
 			s := m.state(t, dir, nil, c)

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -41,12 +43,17 @@ func caseTests() map[string]string {
 		"netns":       "TestDriverInOwnNetns",
 		"crash":       "TestConcurrentAndKilled",
 		"sharedgroup": "TestSharedIOMMUGroup",
+		"trace":       "TestKernelTrace",
 	}
 }
 
 func TestMain(m *testing.M) {
 	if os.Getpid() == 1 {
 		initMain()
+		return
+	}
+	if len(os.Args) > 2 && os.Args[1] == execInNetnsArg {
+		execInNetns(os.Args[2], os.Args[3:])
 		return
 	}
 	os.Exit(m.Run())
@@ -104,9 +111,9 @@ func runCase(name, test string) {
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 16*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "/init", "-test.run", "^"+test+"$", "-test.v", "-test.timeout", "7m")
+	cmd := exec.CommandContext(ctx, "/init", "-test.run", "^"+test+"$", "-test.v", "-test.timeout", "15m")
 	cmd.Env = append(os.Environ(), envCase+"=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "TMPDIR=/tmp")
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -178,7 +185,63 @@ func machineSetup() (layout.Layout, error) {
 			return lay, err
 		}
 	}
+	if lay.APIServer != "" {
+		if err := userNetwork(); err != nil {
+			return lay, err
+		}
+	}
 	return lay, nil
+}
+
+// userNetwork configures the virtio NIC on QEMU's user-mode network.
+func userNetwork() error {
+	ents, _ := os.ReadDir("/sys/class/net")
+	for _, e := range ents {
+		drv, _ := os.Readlink("/sys/class/net/" + e.Name() + "/device/driver")
+		if filepath.Base(drv) != "virtio_net" {
+			continue
+		}
+		l, err := netlink.LinkByName(e.Name())
+		if err != nil {
+			return err
+		}
+		addr, err := netlink.ParseAddr(layout.GuestAddr)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return fmt.Errorf("address %s on %s: %w", layout.GuestAddr, e.Name(), err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		gw := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(layout.GuestGateway)}
+		if err := netlink.RouteAdd(gw); err != nil {
+			return fmt.Errorf("default route via %s: %w", layout.GuestGateway, err)
+		}
+		console("vfnet init: %s on the user-mode network (%s)", e.Name(), layout.GuestAddr)
+		return nil
+	}
+	return errors.New("no virtio_net interface for the API server's network")
+}
+
+// execInNetnsArg makes this binary a launcher: it enters the network
+// namespace of the file after it and execs the program after that there
+// (execve keeps the calling thread's namespaces), as a container runtime
+// starts a pod's process.
+const execInNetnsArg = "-vfnet-exec-in-netns"
+
+func execInNetns(nsPath string, argv []string) {
+	runtime.LockOSThread()
+	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+	}
+	if err == nil {
+		err = unix.Exec(argv[0], argv, os.Environ())
+	}
+	fmt.Fprintf(os.Stderr, "exec %v in network namespace %s: %v\n", argv, nsPath, err)
+	os.Exit(1)
 }
 
 func loadModule(path string) error {

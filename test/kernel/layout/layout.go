@@ -16,6 +16,11 @@ const (
 	// ModuleOrder lists the guest paths of the kernel modules to load, one a
 	// line, dependencies first.
 	ModuleOrder = "/lib/modules/order"
+	// Kubeconfig is the API server's admin kubeconfig (when the harness
+	// started one for the cases that run the real driver).
+	Kubeconfig = "/etc/vfnet/kubeconfig"
+	// MarkTrace starts the console line carrying the trace case's JSON.
+	MarkTrace = "VFNET-TRACE"
 	// CasesArg is the kernel command-line parameter listing the cases to
 	// run (comma-separated); without it every case runs.
 	CasesArg = "vfnet.cases"
@@ -52,7 +57,23 @@ type Layout struct {
 	PFs []PF `json:"pfs"`
 	// Cases are the guest cases, in the order init runs them.
 	Cases []string `json:"cases"`
+	// APIServer is where the guest reaches the harness's API server
+	// ("10.0.2.2:<port>": QEMU's user-mode network forwards its host
+	// address to the host's loopback), "" when none was started. The
+	// kubeconfig names it 127.0.0.1:<port>, as the certificate does.
+	APIServer string `json:"apiServer,omitempty"`
 }
+
+// GuestAddr and GuestGateway configure the guest's user-mode network
+// interface (QEMU's defaults).
+const (
+	GuestAddr    = "10.0.2.15/24"
+	GuestGateway = "10.0.2.2"
+)
+
+// NeedsAPIServer reports whether a case runs the real driver, which needs
+// a Kubernetes API server.
+func NeedsAPIServer(c string) bool { return c == "netns" }
 
 // PF returns the PF with role, or false.
 func (l Layout) PF(role string) (PF, bool) {
@@ -80,5 +101,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace"}
 }
