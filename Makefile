@@ -8,7 +8,7 @@ export VFNET_CACHE := $(CACHE)
 # cache cannot see, so a cached pass could hide a broken binary.
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 
-.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps lint deps k8s-bin demo generate verify-generate images bench clean
+.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench clean
 
 all: build
 
@@ -42,6 +42,17 @@ test-kernel: kernel-deps k8s-bin
 
 kubevirt-tests:
 	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(GO) test -count=1 -timeout 30m ./...
+
+# containerd, its shim and ctr for the real-node tier, built once into
+# $(CACHE)/node-bin (about 4 CPU-minutes the first time).
+node-bin:
+	@test/nodetools/build.sh >/dev/null
+
+# The real-node tier alone: a real kubelet and containerd in a private
+# mount + network namespace, vfnet installed from manifests/ (test/node).
+test-node: deps k8s-bin node-bin
+	VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
+	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
 
 test: deps k8s-bin lint verify-generate unit kubevirt-tests test-kernel
 

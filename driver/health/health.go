@@ -38,6 +38,10 @@ type Options struct {
 	// Resolve looks a PF netdev up through the VF link layer
 	// (vflink.Links.Resolve); nil: not checked.
 	Resolve func(netdev string) error
+	// OnPFChange, if set, is called (outside the monitor's lock) after an
+	// Observe in which some PF changed state: the slices loop republishes
+	// with or without taints.
+	OnPFChange func()
 }
 
 // PF health states: the state label of vfnet_driver_pf_health and the
@@ -48,8 +52,8 @@ const (
 	PFGone     = "gone"
 )
 
-// PFStates lists the PF health states.
-var PFStates = []string{PFHealthy, PFLinkDown, PFGone}
+// PFStates lists the PF health states (a fresh slice each call).
+func PFStates() []string { return []string{PFHealthy, PFLinkDown, PFGone} }
 
 // PFState classifies a PF found on the host.
 func PFState(pf *sysfs.PF) string {
@@ -104,6 +108,13 @@ var linkDown = map[string]bool{"down": true, "lowerlayerdown": true, "notpresent
 // Observe updates health from a fresh host model. offered are the devices
 // currently offered; devices seen before keep being tracked.
 func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
+	if m.observe(pfs, offered) && m.opts.OnPFChange != nil {
+		m.opts.OnPFChange()
+	}
+}
+
+// observe updates health and reports whether a PF changed state.
+func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
 	type vfInfo struct {
 		pf         *sysfs.PF
 		vfs        map[string]bool
@@ -144,15 +155,17 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		p.Network = d.Network
 	}
 	for addr, p := range m.pfs {
+		state := PFGone
 		if info, ok := byPF[addr]; ok {
-			p.State = PFState(info.pf)
-			if info.pf.NetDev != "" {
-				p.Name = info.pf.NetDev
+			state = PFState(info.pf)
+			if nd := info.pf.Uplink(); nd != "" {
+				p.Name = nd
 			}
-		} else {
-			p.State = PFGone
 		}
+		pfChanged = pfChanged || (p.State != "" && p.State != state)
+		p.State = state
 	}
+
 	changed := false
 	for _, e := range m.devices {
 		status, msg := kubeletplugin.HealthStatusHealthy, ""
@@ -177,6 +190,7 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		close(m.changed)
 		m.changed = make(chan struct{})
 	}
+	return pfChanged
 }
 
 // PFs returns the health of every PF whose VFs were ever offered, sorted by

@@ -17,7 +17,7 @@ import (
 )
 
 func host(operstate string, vfs ...string) []sysfs.PF {
-	pf := sysfs.PF{Function: sysfs.Function{Address: "0000:3b:00.0", NetDevs: []string{"ens1f0"}}, OperState: operstate}
+	pf := sysfs.PF{Function: sysfs.Function{Address: "0000:3b:00.0", NetDevs: []string{"ens1f0"}}, NetDev: "ens1f0", OperState: operstate}
 	for i, a := range vfs {
 		pf.VFs = append(pf.VFs, sysfs.VF{Function: sysfs.Function{Address: a}, Index: i, PFAddress: pf.Address})
 	}
@@ -116,6 +116,39 @@ func TestObserveUnchangedDoesNotWake(t *testing.T) {
 	}
 	if m.opts.ResendInterval != DefaultResendInterval || DefaultResendInterval >= 30*time.Second {
 		t.Fatalf("resend interval %v must stay below the kubelet's 30s lease", m.opts.ResendInterval)
+	}
+}
+
+// TestPFStates: each PF's state follows the host (link down, gone, back),
+// and OnPFChange fires exactly when one changes (the slices loop then
+// republishes with or without the taint).
+func TestPFStates(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	m := NewMonitor(Options{PoolName: "node", OnPFChange: func() { calls++ }})
+	offered := []discovery.Device{
+		{Name: "vf-0000-3b-01-0", Address: "0000:3b:01.0", PFAddress: "0000:3b:00.0", Network: "physnet-a"},
+	}
+	for _, step := range []struct {
+		name  string
+		pfs   []sysfs.PF
+		state string
+		calls int
+	}{
+		{"first", host("up", "0000:3b:01.0"), PFHealthy, 0},
+		{"same", host("up", "0000:3b:01.0"), PFHealthy, 0},
+		{"cable pulled", host("down", "0000:3b:01.0"), PFLinkDown, 1},
+		{"lower layer down", host("lowerlayerdown", "0000:3b:01.0"), PFLinkDown, 1},
+		{"unknown operstate is not down", host("unknown", "0000:3b:01.0"), PFHealthy, 2},
+		{"PF removed", nil, PFGone, 3},
+		{"PF back", host("up", "0000:3b:01.0"), PFHealthy, 4},
+	} {
+		m.Observe(step.pfs, offered)
+		got := m.PFs()
+		want := PFHealth{Address: "0000:3b:00.0", Name: "ens1f0", Network: "physnet-a", State: step.state}
+		if len(got) != 1 || got[0] != want || calls != step.calls {
+			t.Errorf("%s: PFs() = %+v, OnPFChange calls %d; want [%+v], %d", step.name, got, calls, want, step.calls)
+		}
 	}
 }
 

@@ -76,17 +76,14 @@ type Metrics struct {
 	attachDuration    *k8smetrics.HistogramVec
 }
 
-// Prepare and attach times: a prepare is tens of milliseconds (netlink,
-// a driver bind) up to the 30 s vfio-pci wait; an attach after migration
-// waits for the launcher up to minutes.
-var (
-	prepareBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
-	attachBuckets  = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
-)
-
 // New returns the registry with every metric registered; state feeds the
 // scrape-time collector.
 func New(state State) *Metrics {
+	// A prepare takes tens of milliseconds (netlink, a driver bind) up to
+	// the 30 s vfio-pci wait; an attach after a migration waits for the
+	// launcher for up to minutes.
+	prepareBuckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	attachBuckets := []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 	m := &Metrics{registry: k8smetrics.NewKubeRegistry()}
 	m.prepareDuration = k8smetrics.NewHistogramVec(&k8smetrics.HistogramOpts{
 		Namespace: namespace, Subsystem: subsystem, Name: "prepare_duration_seconds",
@@ -264,7 +261,7 @@ func (c *stateCollector) CollectWithStability(ch chan<- k8smetrics.Metric) {
 	}
 	if c.state.PFs != nil {
 		for _, p := range c.state.PFs() {
-			for _, s := range health.PFStates {
+			for _, s := range health.PFStates() {
 				v := 0.0
 				if s == p.State {
 					v = 1

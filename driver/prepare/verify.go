@@ -52,6 +52,10 @@ func (s *State) verify(ctx context.Context, uid types.UID, entry *checkpoint.Cla
 		case !bound:
 			drift = append(drift, fmt.Sprintf("%s is bound to %q, not vfio-pci", d.BDF, fn.Driver))
 			// Back through the pass-through check and binding.
+			// Configuring, not Recorded: the settings may still be
+			// applied (an admin rebound the VF), so an undo restores
+			// them; the originals recorded at the first prepare stay
+			// (they are not read again from a VF a reboot reset).
 			d.Step = checkpoint.StepConfiguring
 		case ov != pcibind.VFIOPCI:
 			drift = append(drift, fmt.Sprintf("%s has driver_override %q, not vfio-pci", d.BDF, ov))

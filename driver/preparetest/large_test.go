@@ -42,7 +42,7 @@ func TestLargePFsEndToEnd(t *testing.T) {
 	if err != nil || len(res.Devices) != 1024 || len(res.Skipped) != 0 {
 		t.Fatalf("%d devices, err %v, skipped %v", len(res.Devices), err, res.Skipped)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, Node, slices.DriverResources(Node, res.Devices))
+	out := slices.ResourceSlices(discovery.DriverName, Node, slices.DriverResources(Node, res.Devices, nil))
 	if len(out) != 8 {
 		t.Fatalf("%d slices, want 8", len(out))
 	}

@@ -37,6 +37,9 @@ type File struct {
 	Mode     fs.FileMode
 	UID, GID int
 	Data     []byte
+	// Symlink makes the entry a symbolic link to this target (Mode and
+	// Data unused).
+	Symlink string
 }
 
 // Image describes an image to build.
@@ -128,9 +131,12 @@ func (im Image) layer() ([]byte, error) {
 		}
 		seen[f.Path] = true
 		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), Mode: int64(f.Mode.Perm()), Uid: f.UID, Gid: f.GID, ModTime: epoch, Format: tar.FormatPAX}
-		if f.Mode.IsDir() {
+		switch {
+		case f.Symlink != "":
+			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Symlink, 0o777
+		case f.Mode.IsDir():
 			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
-		} else {
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(f.Data))
 		}
 		if err := tw.WriteHeader(h); err != nil {

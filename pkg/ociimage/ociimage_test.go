@@ -22,6 +22,7 @@ type entry struct {
 	mode     int64
 	dir      bool
 	data     string
+	link     string
 }
 
 // readBack unpacks an archive into a directory and opens it as an OCI
@@ -94,7 +95,7 @@ func readBack(t *testing.T, archive []byte) (map[string]string, *v1.ConfigFile, 
 			t.Fatal(err)
 		}
 		data, _ := io.ReadAll(lr)
-		files["/"+strings.TrimSuffix(h.Name, "/")] = entry{uid: h.Uid, gid: h.Gid, mode: h.Mode, dir: h.Typeflag == tar.TypeDir, data: string(data)}
+		files["/"+strings.TrimSuffix(h.Name, "/")] = entry{uid: h.Uid, gid: h.Gid, mode: h.Mode, dir: h.Typeflag == tar.TypeDir, data: string(data), link: h.Linkname}
 	}
 	if _, err := io.Copy(io.Discard, rc); err != nil {
 		t.Fatal(err)
@@ -154,6 +155,17 @@ func TestDriverImage(t *testing.T) {
 	}
 	if f := files["/usr/bin/vfnet-driver"]; f.uid != 0 || f.mode != 0o755 || f.data != "driver-binary" || len(files) != 3 {
 		t.Errorf("layer %+v", files)
+	}
+}
+
+func TestSymlink(t *testing.T) {
+	t.Parallel()
+	_, _, files := readBack(t, archive(t, Image{Ref: "x:1", Arch: "amd64", Files: []File{
+		{Path: "/bin/tool", Mode: 0o755, Data: []byte("t")},
+		{Path: "/bin/alias", Symlink: "tool"},
+	}}))
+	if f := files["/bin/alias"]; f.link != "tool" || f.data != "" {
+		t.Errorf("symlink entry %+v", f)
 	}
 }
 

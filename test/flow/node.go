@@ -152,7 +152,7 @@ func (e *Env) CreateDriverPod(ctx context.Context, node string) (*corev1.Pod, er
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: DaemonSet + "-" + node, Namespace: Namespace,
-			Labels: ds.Spec.Template.Labels,
+			Labels: ds.Spec.Template.Labels, Annotations: ds.Spec.Template.Annotations,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID,
 				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),

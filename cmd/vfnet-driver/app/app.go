@@ -129,7 +129,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	if res.Why != "" {
 		fmt.Fprintf(stderr, "# %s\n", res.Why)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices))
+	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices, slices.PFTaints(pfs, res.Devices)))
 	for i := range out {
 		b, err := yaml.Marshal(&out[i])
 		if err != nil {
@@ -200,8 +200,8 @@ func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string,
 }
 
 // checkpointVFs reads the running driver's checkpoint without changing
-// anything (checkpoint.Store.Load tidies temp files, which must not race
-// with a live driver): the VFs vfnet prepared, bound to vfio-pci by vfnet.
+// anything, leniently (a diagnostic tool should still say what it can):
+// the VFs vfnet prepared, bound to vfio-pci by vfnet.
 func checkpointVFs(path string) (map[string]bool, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -408,7 +408,14 @@ func run(ctx context.Context, f driverFlags) error {
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
 	holders := groupHolders(f.procRoot, h.devRoot)
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links)})
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links),
+		// A PF's link went down or up, or it vanished: republish now with
+		// or without the taint instead of at the next rescan.
+		OnPFChange: func() {
+			if l := published.Load(); l != nil {
+				l.Trigger()
+			}
+		}})
 	var state *prepare.State
 	mx := metrics.New(metrics.State{
 		Published: func() []discovery.Device {
@@ -427,6 +434,12 @@ func run(ctx context.Context, f driverFlags) error {
 			return out
 		},
 		PFs: monitor.PFs,
+		Tainted: func() map[string]int {
+			if l := published.Load(); l != nil {
+				return l.Tainted()
+			}
+			return nil
+		},
 	})
 	state, err = prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
