@@ -197,6 +197,8 @@ type Cluster struct {
 	nodes   []*node
 	ownDir  bool
 	devices int // VFs the node configuration offers per node
+	// stopPlugins ends every node's plugin context.
+	stopPlugins context.CancelFunc
 }
 
 type node struct {
@@ -343,10 +345,13 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 	c.say("publishing: %d nodes x %d VFs", len(c.nodes), c.devices)
 	cpu0 := c.cpu()
 	start := time.Now()
-	err = c.parallel(ctx, len(c.nodes), len(c.nodes), func(ctx context.Context, i int) error {
+	// The plugins live until Close, not just while they are being started.
+	pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stopPlugins = stop
+	err = c.parallel(ctx, len(c.nodes), len(c.nodes), func(_ context.Context, i int) error {
 		n := c.nodes[i]
-		// The node's log lines would be 100x the driver's: keep errors.
-		nctx := klog.NewContext(ctx, logger.WithName(n.name).V(1))
+		// A node's info lines times 100 would drown the run: keep errors.
+		nctx := klog.NewContext(pctx, logger.WithName(n.name).V(8))
 		for _, d := range []string{"reg", "plugin", "cdi"} {
 			if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
 				return err
@@ -714,6 +719,9 @@ func (c *Cluster) Verify(ctx context.Context) error {
 
 // Close stops every node's plugin and removes the run's directory.
 func (c *Cluster) Close() {
+	if c.stopPlugins != nil {
+		c.stopPlugins()
+	}
 	for _, n := range c.nodes {
 		if n != nil && n.plugin != nil {
 			n.plugin.Stop()
