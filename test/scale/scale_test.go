@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/pkg/simhost"
@@ -22,6 +23,7 @@ var (
 	benchNodes    = flag.Int("scale.nodes", 100, "BenchmarkManyNodes: simulated nodes")
 	benchVFsPerPF = flag.Int("scale.vfs-per-pf", 128, "BenchmarkManyNodes: VFs per PF (two PFs per node)")
 	benchPods     = flag.Int("scale.pods", 500, "BenchmarkManyNodes: pods per phase")
+	benchProfile  = flag.Bool("scale.profiling", false, "BenchmarkManyNodes: serve /debug/pprof on kube-apiserver too (kube-scheduler always does), to profile a run")
 	benchTuned    = flag.Bool("scale.tuned", true, "BenchmarkManyNodes: raise kube-scheduler's and kube-controller-manager's client QPS (see ControlPlaneFlags)")
 )
 
@@ -61,7 +63,9 @@ func TestSmallCluster(t *testing.T) {
 //
 //	VFNET_K8S_BIN=$(test/tools/build.sh) go test ./test/scale -run '^$' -bench ManyNodes -benchtime 1x -timeout 60m
 func BenchmarkManyNodes(b *testing.B) {
-	_, ctx := ktesting.NewTestContext(b)
+	// klog's stderr logger, not the benchmark's log: go test keeps only the
+	// first ten lines of that, and the summary goes there.
+	ctx := klog.NewContext(context.Background(), klog.Background())
 	var r Result
 	for b.Loop() {
 		b.StopTimer()
@@ -86,15 +90,19 @@ func benchOnce(ctx context.Context, b *testing.B) Result {
 		opts = ControlPlaneFlags()
 		opts.HandleSignals = true
 	}
+	if *benchProfile {
+		opts.ExtraAPIServerFlags = append(opts.ExtraAPIServerFlags, "--profiling=true")
+	}
 	plane, err := controlplane.Start(ctx, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer plane.Stop()
-	c, r, err := Run(ctx, plane, Options{
-		Nodes: *benchNodes, VFsPerPF: *benchVFsPerPF, Pods: *benchPods,
-		HostDir: simhost.TempDir(b), Progress: testWriter{b},
-	})
+	o := Options{Nodes: *benchNodes, VFsPerPF: *benchVFsPerPF, Pods: *benchPods, HostDir: simhost.TempDir(b)}
+	if testing.Verbose() {
+		o.Progress = os.Stderr
+	}
+	c, r, err := Run(ctx, plane, o)
 	if c != nil {
 		defer c.Close()
 	}
@@ -111,8 +119,8 @@ func benchOnce(ctx context.Context, b *testing.B) Result {
 // (the first place to look for the bottleneck).
 func Summary(r Result) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d nodes, %d devices in %d slices published in %v; kube-apiserver RSS %d MiB\n",
-		r.Nodes, r.Devices, r.Slices, r.Publish.Round(time.Millisecond), r.APIServerRSS>>20)
+	fmt.Fprintf(&sb, "%d nodes, %d devices in %d slices published in %v; kube-apiserver RSS %d MiB (%d before)\n",
+		r.Nodes, r.Devices, r.Slices, r.Publish.Round(time.Millisecond), r.APIServerRSS>>20, r.APIServerRSSBefore>>20)
 	fmt.Fprintf(&sb, "  publish CPU: %s\n", cpuLine(r.PublishCPU))
 	for _, ph := range []struct {
 		name string
@@ -136,11 +144,4 @@ func cpuLine(m map[string]time.Duration) string {
 		parts = append(parts, fmt.Sprintf("%s %.1fs", k, m[k].Seconds()))
 	}
 	return strings.Join(parts, ", ")
-}
-
-type testWriter struct{ tb testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
