@@ -3,6 +3,7 @@
 package cdi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -86,18 +87,9 @@ func (w Writer) Build(claimUID types.UID, devices []Device) *cdispec.Spec {
 // Write validates the claim's spec with the CDI library and puts it in place
 // atomically. It returns the CDI IDs, in the order of devices.
 func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
-	if len(devices) == 0 {
-		return nil, fmt.Errorf("CDI spec for claim %s: no devices", claimUID)
-	}
-	spec := w.Build(claimUID, devices)
-	version, err := cdispec.MinimumRequiredVersion(spec)
+	data, err := w.encode(claimUID, devices)
 	if err != nil {
-		return nil, fmt.Errorf("CDI spec for claim %s: determine version: %w", claimUID, err)
-	}
-	spec.Version = version
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return nil, fmt.Errorf("CDI spec for claim %s: encode: %w", claimUID, err)
+		return nil, err
 	}
 	if err := os.MkdirAll(w.Root, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI directory %s (--cdi-root): %w", w.Root, err)
@@ -105,7 +97,7 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	final := w.SpecPath(claimUID)
 	// Validate exactly the bytes we are about to install, the way a runtime
 	// will read them, before they become visible under a .json name.
-	tmp := filepath.Join(w.Root, "."+filepath.Base(final)+".validate")
+	tmp := filepath.Join(w.Root, validateName(filepath.Base(final)))
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return nil, fmt.Errorf("write CDI spec %s: %w", tmp, err)
 	}
@@ -122,6 +114,51 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 		ids[i] = DeviceID(claimUID, d.Name)
 	}
 	return ids, nil
+}
+
+func validateName(spec string) string { return "." + spec + ".validate" }
+
+// TempGlobs match the temporary files Write creates in Root; a crash in the
+// middle of Write leaves them behind.
+func (w Writer) TempGlobs() []string {
+	name := cdiapi.GenerateTransientSpecName(Vendor, Class, "*") + ".json"
+	root := checkpoint.GlobEscape(w.Root)
+	return []string{filepath.Join(root, checkpoint.TempGlob(name)), filepath.Join(root, validateName(name))}
+}
+
+func (w Writer) encode(claimUID types.UID, devices []Device) ([]byte, error) {
+	if len(devices) == 0 {
+		return nil, fmt.Errorf("CDI spec for claim %s: no devices", claimUID)
+	}
+	spec := w.Build(claimUID, devices)
+	version, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec for claim %s: determine version: %w", claimUID, err)
+	}
+	spec.Version = version
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec for claim %s: encode: %w", claimUID, err)
+	}
+	return data, nil
+}
+
+// Installed reports whether the claim's spec file holds exactly what Write
+// would write for devices (false when it is missing, e.g. after a reboot
+// emptied the tmpfs CDI directory).
+func (w Writer) Installed(claimUID types.UID, devices []Device) (bool, error) {
+	want, err := w.encode(claimUID, devices)
+	if err != nil {
+		return false, err
+	}
+	got, err := os.ReadFile(w.SpecPath(claimUID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read CDI spec: %w", err)
+	}
+	return bytes.Equal(got, want), nil
 }
 
 // Remove deletes the claim's spec; a missing spec is not an error.

@@ -15,6 +15,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -41,34 +43,65 @@ const (
 	PhaseUnpreparing Phase = "Unpreparing"
 )
 
-// Step is the last host change made for one device, in order.
+// Step is the last host change made for one device, in order:
+// Recorded, BindingVFIO, Applying, Bound. The VF is bound to vfio-pci
+// first and its settings are applied through the PF while no VF driver is
+// bound (a VF driver would see the resets they cause).
+//
+// Configuring and Binding are the steps of the order used before (settings
+// first, then the bind); they are still understood so that an entry
+// written by an older driver is finished or undone correctly.
 type Step string
 
 const (
 	// StepRecorded: originals are saved; the host is untouched.
 	StepRecorded Step = "Recorded"
-	// StepConfiguring: VF link settings are being applied through the PF.
-	StepConfiguring Step = "Configuring"
-	// StepBinding: the VF is being moved to vfio-pci (driver_override,
-	// unbind, bind, waiting for the /dev/vfio node).
-	StepBinding Step = "Binding"
-	// StepBound: the VF is bound to vfio-pci and its group node exists.
+	// StepBindingVFIO: the VF is being moved to vfio-pci; its settings are
+	// untouched.
+	StepBindingVFIO Step = "BindingVFIO"
+	// StepApplying: the VF is on vfio-pci, its original settings were read
+	// again with no VF driver bound, and the claim's settings are being
+	// applied through the PF.
+	StepApplying Step = "Applying"
+	// StepBound: the VF is bound to vfio-pci with its settings applied and
+	// its group node exists.
 	StepBound Step = "Bound"
+
+	// StepConfiguring (older order): settings are being applied, the VF is
+	// not being moved yet.
+	StepConfiguring Step = "Configuring"
+	// StepBinding (older order): settings are applied, the VF is being
+	// moved to vfio-pci.
+	StepBinding Step = "Binding"
 )
 
-// Order gives steps a rank so callers can ask "did we reach X".
-func (s Step) Order() int {
+// Valid reports whether s is a step this code knows.
+func (s Step) Valid() bool {
 	switch s {
-	case StepRecorded:
-		return 1
-	case StepConfiguring:
-		return 2
-	case StepBinding:
-		return 3
-	case StepBound:
-		return 4
+	case StepRecorded, StepBindingVFIO, StepApplying, StepBound, StepConfiguring, StepBinding:
+		return true
 	}
-	return 0
+	return false
+}
+
+// SettingsTouched reports whether the VF's link settings may differ from
+// the originals (undo restores them).
+func (s Step) SettingsTouched() bool {
+	switch s {
+	case StepApplying, StepBound, StepConfiguring, StepBinding:
+		return true
+	}
+	return false
+}
+
+// DriverTouched reports whether the VF may have left its original driver
+// (undo gives it back).
+func (s Step) DriverTouched() bool {
+	switch s {
+	case StepBindingVFIO, StepApplying, StepBound, StepBinding:
+		return true
+	}
+	return false
 }
 
 // Device is one prepared (or being prepared) VF.
@@ -89,8 +122,17 @@ type Device struct {
 	OriginalDriver string `json:"originalDriver"`
 	// OriginalOverride is driver_override before prepare ("" = none).
 	OriginalOverride string `json:"originalOverride"`
-	// Original is the VF's link state before prepare.
+	// Original is the VF's link state before prepare: what an
+	// administrator set through the PF. A MAC all zeros means none was
+	// set, and undo leaves it so.
 	Original vflink.VFState `json:"original"`
+	// OriginalOwnMAC is the MAC the PF reported before prepare when it was
+	// not an administrative one but the one the VF's own driver chose (it
+	// went away with the driver); kept for diagnostics, never restored.
+	OriginalOwnMAC string `json:"originalOwnMac,omitempty"`
+	// MACSet is true when prepare sets the MAC (VFConfig.mac or the VM's
+	// interface); otherwise the VF keeps its administrative MAC.
+	MACSet bool `json:"macSet,omitempty"`
 	// Applied is the VF link state prepare sets.
 	Applied vflink.VFState `json:"applied"`
 
@@ -136,13 +178,9 @@ var ErrCorrupt = errors.New("checkpoint unusable")
 // ErrCorrupt: guessing would risk leaving VFs on vfio-pci or handing them
 // to two claims.
 func (s Store) Load() (*File, error) {
-	// Temp files of a write a crash interrupted hold nothing the renamed
-	// file lacks; remove them.
-	if stale, err := filepath.Glob(filepath.Join(filepath.Dir(s.Path), "."+filepath.Base(s.Path)+".*.tmp")); err == nil {
-		for _, f := range stale {
-			_ = os.Remove(f)
-		}
-	}
+	// Temp files of an interrupted write are not removed here: another
+	// driver instance (rolling update) may be writing one right now. The
+	// driver removes old ones at start-up (RemoveStaleTemps).
 	data, err := os.ReadFile(s.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &File{Version: Version, Claims: map[types.UID]*Claim{}}, nil
@@ -177,7 +215,7 @@ func (s Store) Load() (*File, error) {
 			return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s has no valid phase): %s", ErrCorrupt, s.Path, uid, fix)
 		}
 		for _, d := range c.Devices {
-			if d.BDF == "" || d.Step.Order() == 0 {
+			if d.BDF == "" || !d.Step.Valid() {
 				return nil, fmt.Errorf("%w: checkpoint %s is corrupt (claim %s device %q has no BDF or step): %s", ErrCorrupt, s.Path, uid, d.Device, fix)
 			}
 		}
@@ -195,11 +233,60 @@ func (s Store) Save(f *File) error {
 	return WriteFileAtomic(s.Path, data, 0o600)
 }
 
+// TempGlob matches the temporaries WriteFileAtomic creates for a file
+// named name (the kubeletplugin helper uses the same scheme for its
+// metadata files and specs).
+func TempGlob(name string) string { return "." + name + ".*.tmp" }
+
+// RemoveStaleTemps removes the regular files matching any of globs whose
+// last change is older than minAge: temporaries a crash inside a write
+// left behind. Younger ones may be another driver instance's write in
+// progress (rolling update) and are kept. It returns what it removed and
+// the errors it met, joined.
+func RemoveStaleTemps(globs []string, minAge time.Duration) ([]string, error) {
+	cutoff := time.Now().Add(-minAge)
+	var removed []string
+	var errs []error
+	for _, g := range globs {
+		matches, err := filepath.Glob(g)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pattern %s: %w", g, err))
+			continue
+		}
+		for _, m := range matches {
+			st, err := os.Lstat(m)
+			if err != nil || !st.Mode().IsRegular() || !st.ModTime().Before(cutoff) {
+				continue
+			}
+			if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove stale temporary file: %w", err))
+				continue
+			}
+			removed = append(removed, m)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// GlobEscape quotes the glob metacharacters in a literal path, so a
+// directory can be joined with a pattern.
+func GlobEscape(path string) string {
+	var b strings.Builder
+	for _, r := range path {
+		switch r {
+		case '*', '?', '[', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // WriteFileAtomic replaces path with data so that readers (and a reader
 // after a crash or power loss) see either the old or the new content.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	tmp, err := os.CreateTemp(dir, TempGlob(filepath.Base(path)))
 	if err != nil {
 		return fmt.Errorf("create temp file for %s: %w", path, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
@@ -34,16 +35,60 @@ func TestRoundTrip(t *testing.T) {
 	if d.Original.MAC.String() != "02:00:00:00:00:01" || d.Step != StepConfiguring || d.OriginalDriver != "iavf" || !d.Original.SpoofChk {
 		t.Fatalf("round trip lost data: %+v", d)
 	}
-	// No temp files are left behind, and a crashed write's are removed.
-	if err := os.WriteFile(filepath.Join(filepath.Dir(s.Path), "."+FileName+".123.tmp"), []byte("{"), 0o600); err != nil {
+	// No temp files are left behind. Load leaves other temp files alone:
+	// another driver instance may be writing one right now.
+	ents, _ := os.ReadDir(filepath.Dir(s.Path))
+	if len(ents) != 1 {
+		t.Fatalf("directory holds %d entries, want only the checkpoint", len(ents))
+	}
+	inFlight := filepath.Join(filepath.Dir(s.Path), "."+FileName+".123.tmp")
+	if err := os.WriteFile(inFlight, []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Load(); err != nil {
 		t.Fatal(err)
 	}
-	ents, _ := os.ReadDir(filepath.Dir(s.Path))
-	if len(ents) != 1 {
-		t.Fatalf("directory holds %d entries, want only the checkpoint", len(ents))
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Fatalf("Load removed another writer's temp file: %v", err)
+	}
+}
+
+func TestRemoveStaleTemps(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "a[1]*") // glob metacharacters in the directory
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	files := map[string]bool{ // name -> should be removed
+		".x.json.1.tmp": true,  // ours, old
+		".x.json.2.tmp": false, // ours, in flight
+		".y.json.3.tmp": false, // not ours
+		"x.json":        false, // the file itself
+	}
+	for name, stale := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if stale || name == ".y.json.3.tmp" || name == "x.json" {
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	removed, err := RemoveStaleTemps([]string{filepath.Join(GlobEscape(dir), TempGlob("x.json"))}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || filepath.Base(removed[0]) != ".x.json.1.tmp" {
+		t.Fatalf("removed %v", removed)
+	}
+	for name, stale := range files {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if gone := errors.Is(err, os.ErrNotExist); gone != stale {
+			t.Errorf("%s: removed %v, want %v", name, gone, stale)
+		}
 	}
 }
 

@@ -11,6 +11,10 @@
 //   - VF indexes outside the selector's vfs list.
 //   - PFs without a netdev: VF MAC/VLAN/trust are set through the PF netdev,
 //     so such a VF could not be prepared.
+//   - PFs whose netdev the VF link layer cannot find (Options.Resolve): sysfs
+//     shows the host's netdevs, but netlink looks in the namespace the link
+//     layer was opened on; a driver looking in the wrong one (its pod's own,
+//     without hostPID) would publish VFs that every prepare fails on.
 //   - VFs already bound to vfio-pci that vfnet did not bind itself
 //     (Options.Owned) while their group node /dev/vfio/<group> is held open
 //     (Options.Holders): someone else (DPDK, a VM outside Kubernetes) is
@@ -46,6 +50,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 // DriverName is the DRA driver name; CDIKind the CDI kind of its devices.
@@ -65,7 +70,35 @@ const (
 	AttrVendorID     resourceapi.QualifiedName = "vfnet.io/vendorID"
 	AttrDeviceID     resourceapi.QualifiedName = "vfnet.io/deviceID"
 	AttrLinkType     resourceapi.QualifiedName = "vfnet.io/linkType"
+	// AttrPFDriver is the PF's kernel driver ("igb", "ice", "mlx5_core").
+	AttrPFDriver resourceapi.QualifiedName = "vfnet.io/pfDriver"
+	// The supports* attributes say whether the PF driver applies a VF
+	// setting (vflink.Lookup): true when it implements it (perhaps only in
+	// some states, e.g. igb 82576 rate limits need link up), false when it
+	// refuses it or vfnet does not know the driver. A DeviceClass selects
+	// on them, e.g. device.attributes["vfnet.io"].supportsVlan8021ad.
+	AttrSupportsVlan8021ad resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsVlan8021ad
+	AttrSupportsLinkState  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsLinkState
+	AttrSupportsMinTxRate  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsMinTxRate
+	AttrSupportsMaxTxRate  resourceapi.QualifiedName = "vfnet.io/" + vflink.AttrSupportsMaxTxRate
 )
+
+// Supports is what the PF driver applies of the settings published as
+// supports* attributes.
+type Supports struct {
+	Vlan8021ad, LinkState, MinTxRate, MaxTxRate bool
+}
+
+// SupportsOf looks the PF driver up in vflink's capability table.
+func SupportsOf(driver, deviceID string) Supports {
+	c := vflink.Lookup(driver, deviceID)
+	return Supports{
+		Vlan8021ad: c.Publishes(vflink.SettingVLANProtocol),
+		LinkState:  c.Publishes(vflink.SettingLinkState),
+		MinTxRate:  c.Publishes(vflink.SettingMinTxRate),
+		MaxTxRate:  c.Publishes(vflink.SettingMaxTxRate),
+	}
+}
 
 // VFIODriver is the kernel driver a VF is bound to for passthrough.
 const VFIODriver = "vfio-pci"
@@ -90,6 +123,9 @@ type Device struct {
 	IOMMUGroup string
 	// Driver is the kernel driver bound at discovery time.
 	Driver string
+	// PFDriver is the PF's kernel driver, PFSupports what it applies.
+	PFDriver   string
+	PFSupports Supports
 }
 
 // Skipped is a VF or PF that matched the configuration but is not offered.
@@ -122,6 +158,9 @@ type Options struct {
 	// ("17", "noiommu-3") open (vfioholders.Scanner). Nil: unknown, and VFs
 	// found on vfio-pci that vfnet did not bind are not offered.
 	Holders func(nodes []string) (map[string][]string, error)
+	// Resolve looks a PF netdev up through the VF link layer
+	// (vflink.Links.Resolve). Nil: not checked.
+	Resolve func(netdev string) error
 }
 
 // Policy is what the node configuration allows beyond the safe defaults.
@@ -221,6 +260,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 	pol := Policy{AllowUnsafeNoIOMMU: cfg.AllowUnsafeNoIOMMU}
 	foreign := foreignVFIO(selected, opts.Owned)
 	holders, holdErr := vfioHolders(foreign, opts.Holders)
+	notFound, nsOf := 0, ""
 	for _, sel := range selected {
 		pf := sel.PF
 		start := len(res.Devices)
@@ -237,6 +277,14 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				uplink, strings.Join(pf.Representors, ","), pf.Address, sel.Selector, cfg.Source)})
 			continue
 		}
+		if reason, nf := unreachable(uplink, opts.Resolve); reason != "" {
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, reason})
+			if nf != nil {
+				notFound, nsOf = notFound+1, nf.Netns
+			}
+			continue
+		}
+		supports := SupportsOf(pf.Driver, pf.DeviceID)
 		for _, vf := range pf.VFs {
 			if !sel.VFs.Contains(vf.Index) {
 				continue
@@ -284,14 +332,38 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				PCIeRoot:   root,
 				IOMMUGroup: vf.IOMMUGroup,
 				Driver:     vf.Driver,
+				PFDriver:   pf.Driver,
+				PFSupports: supports,
 			})
 		}
 		slices.SortFunc(res.Devices[start:], func(a, b Device) int { return cmp.Compare(a.VFIndex, b.VFIndex) })
 	}
-	if len(res.Devices) == 0 {
+	switch {
+	case len(res.Devices) == 0 && notFound == len(selected):
+		res.Why = fmt.Sprintf("none of the %d selected PF netdevs is in network namespace %s, so the driver does not look at the host's network namespace: publishing no devices; run the driver pod with hostPID: true and --host-netns %s (the default)",
+			len(selected), nsOf, vflink.DefaultHostNetns)
+	case len(res.Devices) == 0:
 		res.Why = fmt.Sprintf("node configuration %s selects %d PF(s) but none has an offerable VF (sriov_numvfs=0, vfs filter, or all skipped): publishing no devices", cfg.Source, len(selected))
 	}
 	return res, nil
+}
+
+// unreachable says why the PF netdev cannot be used through the link
+// layer ("" when it can), and returns the not-found error if that is why.
+func unreachable(netdev string, resolve func(string) error) (string, *vflink.LinkNotFoundError) {
+	if resolve == nil {
+		return "", nil
+	}
+	err := resolve(netdev)
+	if err == nil {
+		return "", nil
+	}
+	var nf *vflink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return fmt.Sprintf("PF netdev %s not found in network namespace %s: VF settings are applied through the PF netdev, so no VF of it could be prepared; sysfs shows the host's netdevs, so the driver is looking in another namespace than the host's: run its pod with hostPID: true and --host-netns %s (the default)",
+			netdev, nf.Netns, vflink.DefaultHostNetns), nf
+	}
+	return fmt.Sprintf("PF netdev %s cannot be looked up through netlink: %v", netdev, err), nil
 }
 
 // foreignVFIO maps the selected VFs on vfio-pci that vfnet did not bind to
@@ -340,7 +412,7 @@ func pfSummary(pfs []sysfs.PF) string {
 // Attributes returns the device's ResourceSlice attributes. The same map is
 // what prepare hands to KEP-5304 device metadata.
 func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 10)
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 15)
 	// Same name and value as deviceattribute.GetPCIBusIDAttribute (a test
 	// checks), built directly: the helper compiles a regexp on every call,
 	// which made it most of a 1024-VF rescan, and d.Address was validated by
@@ -368,6 +440,15 @@ func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 	if d.LinkType != "" {
 		str(AttrLinkType, d.LinkType)
 	}
+	if d.PFDriver != "" {
+		str(AttrPFDriver, d.PFDriver)
+	}
+	// One allocation for the four flags (a rescan builds these for every VF).
+	sup := &[4]bool{d.PFSupports.Vlan8021ad, d.PFSupports.LinkState, d.PFSupports.MinTxRate, d.PFSupports.MaxTxRate}
+	attrs[AttrSupportsVlan8021ad] = resourceapi.DeviceAttribute{BoolValue: &sup[0]}
+	attrs[AttrSupportsLinkState] = resourceapi.DeviceAttribute{BoolValue: &sup[1]}
+	attrs[AttrSupportsMinTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[2]}
+	attrs[AttrSupportsMaxTxRate] = resourceapi.DeviceAttribute{BoolValue: &sup[3]}
 	return attrs
 }
 

@@ -2,16 +2,19 @@ package discovery
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func mixedPFs(t *testing.T) []sysfs.PF {
@@ -131,8 +134,8 @@ func TestBuildMixedHost(t *testing.T) {
 	checkString(t, attrs, "vfnet.io/vendorID", "15b3")
 	checkString(t, attrs, "vfnet.io/network", "physnet-b")
 	checkInt(t, attrs, "vfnet.io/vfIndex", 3)
-	if len(attrs) != 10 {
-		t.Errorf("ConnectX VF has %d attributes, want 10: %v", len(attrs), attrs)
+	if len(attrs) != 15 {
+		t.Errorf("ConnectX VF has %d attributes, want 15: %v", len(attrs), attrs)
 	}
 }
 
@@ -392,7 +395,7 @@ func TestBuildInfinibandNotOffered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "InfiniBand") ||
-		!strings.Contains(res.Skipped[0].Reason, "GUIDs") {
+		!strings.Contains(res.Skipped[0].Reason, "GUIDs") || !strings.Contains(res.Skipped[0].Reason, "Ethernet mode") {
 		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
 	}
 }
@@ -482,5 +485,124 @@ func TestCheckVF(t *testing.T) {
 	}
 	if err := CheckVF(h3.Sysfs(), "0000:3b:02.1", Policy{AllowUnsafeNoIOMMU: true}, nil); err != nil {
 		t.Fatalf("noiommu with opt-in: %v", err)
+	}
+}
+
+func resolver(l vflink.Links) func(string) error {
+	return func(nd string) error { _, err := l.Resolve(nd); return err }
+}
+
+// A driver whose link layer looks in another network namespace than the
+// host's (its pod's own: no hostPID) sees the PFs in sysfs but could not
+// prepare one VF; it must offer none, and say why once.
+func TestBuildWrongNetnsPublishesNothing(t *testing.T) {
+	t.Parallel()
+	h, pfs := hostPFs(t, simhost.E810Host())
+	cfg := config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n- pfName: enp59s0f1\n  network: b\n")
+	good, err := Build(pfs, cfg, Options{Resolve: resolver(h.Links())})
+	if err != nil || len(good.Devices) == 0 || len(good.Skipped) != 0 {
+		t.Fatalf("host namespace: devices %s, err %v, skipped:\n%s", names(good.Devices), err, reasons(good.Skipped))
+	}
+	podNs, err := h.AddNetns("driver-pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := h.LinksAt(podNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Build(pfs, cfg, Options{Resolve: resolver(pod)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 2 {
+		t.Fatalf("wrong namespace: devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+	for i, pf := range []string{"enp59s0f0", "enp59s0f1"} {
+		if r := res.Skipped[i].Reason; !strings.Contains(r, "PF netdev "+pf+" not found in network namespace "+podNs) ||
+			!strings.Contains(r, "hostPID: true") {
+			t.Errorf("reason %d: %s", i, r)
+		}
+	}
+	if !strings.Contains(res.Why, "none of the 2 selected PF netdevs is in network namespace "+podNs) || !strings.Contains(res.Why, "--host-netns") {
+		t.Errorf("why: %s", res.Why)
+	}
+}
+
+// Every offered VF carries its PF's driver and what that driver applies,
+// and a DeviceClass selector on them picks exactly the right PFs.
+func TestPFSupportAttributes(t *testing.T) {
+	t.Parallel()
+	h, err := simhost.Build(t.TempDir(), simhost.PFDriverHost())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	pfs, err := h.Sysfs().Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, "pfs:\n- vendorID: \"8086\"\n  network: intel\n- vendorID: \"15b3\"\n  network: nvidia\n- vendorID: \"14e4\"\n  network: broadcom\n")
+	res, err := Build(pfs, cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		driver                                      string
+		vlan8021ad, linkState, minTxRate, maxTxRate bool
+	}
+	want := map[string]row{
+		"0000:01:00.0": {"igb", false, false, false, true},  // 82576: rate limit while the link is up
+		"0000:02:00.0": {"igb", false, false, false, false}, // I350
+		"0000:3b:00.0": {"ice", true, true, true, true},
+		"0000:5e:00.0": {"i40e", false, true, false, true},
+		"0000:af:00.0": {"bnxt_en", true, true, true, true},
+		"0000:d8:00.0": {"mlx5_core", false, true, true, true},
+	}
+	seen := map[string]int{}
+	for _, d := range res.Devices {
+		w, ok := want[d.PFAddress]
+		if !ok {
+			t.Fatalf("unexpected device %s of %s", d.Name, d.PFAddress)
+		}
+		seen[d.PFAddress]++
+		attrs := d.Attributes()
+		checkString(t, attrs, "vfnet.io/pfDriver", w.driver)
+		for name, v := range map[resourceapi.QualifiedName]bool{
+			AttrSupportsVlan8021ad: w.vlan8021ad, AttrSupportsLinkState: w.linkState,
+			AttrSupportsMinTxRate: w.minTxRate, AttrSupportsMaxTxRate: w.maxTxRate,
+		} {
+			if a, ok := attrs[name]; !ok || a.BoolValue == nil || *a.BoolValue != v {
+				t.Errorf("%s (%s): %s = %+v, want %v", d.Name, w.driver, name, a, v)
+			}
+		}
+	}
+	if len(seen) != len(want) {
+		t.Errorf("devices per PF %v, want every PF of %v", seen, want)
+	}
+
+	// The selectors README shows, evaluated as the scheduler does.
+	for expr, wantPFs := range map[string]string{
+		`device.attributes["vfnet.io"].supportsVlan8021ad`:                                                   "0000:3b:00.0 0000:af:00.0",
+		`device.attributes["vfnet.io"].supportsLinkState && device.attributes["vfnet.io"].supportsMaxTxRate`: "0000:3b:00.0 0000:5e:00.0 0000:af:00.0 0000:d8:00.0",
+		`device.attributes["vfnet.io"].pfDriver == "igb"`:                                                    "0000:01:00.0 0000:02:00.0",
+	} {
+		c := cel.GetCompiler(cel.Features{}).CompileCELExpression(expr, cel.Options{})
+		if c.Error != nil {
+			t.Fatalf("%s: %v", expr, c.Error)
+		}
+		var got []string
+		for _, d := range res.Devices {
+			ok, _, err := c.DeviceMatches(t.Context(), cel.Device{Driver: DriverName, Attributes: d.Attributes()})
+			if err != nil {
+				t.Fatalf("%s on %s: %v", expr, d.Name, err)
+			}
+			if ok && !slices.Contains(got, d.PFAddress) {
+				got = append(got, d.PFAddress)
+			}
+		}
+		if strings.Join(got, " ") != wantPFs {
+			t.Errorf("%s selects PFs %v, want %s", expr, got, wantPFs)
+		}
 	}
 }

@@ -2,7 +2,9 @@
 // streams it to the kubelet through kubeletplugin's WatchHealthStatus.
 //
 // A VF is Unhealthy when its PF is gone from the host, the VF itself is gone
-// (sriov_numvfs lowered), or the PF's link is down; otherwise Healthy. A
+// (sriov_numvfs lowered), the PF's netdev cannot be found by the VF link
+// layer (Options.Resolve: its settings could not be changed), or the PF's
+// link is down; otherwise Healthy. A
 // device once reported stays in the reports (Unhealthy when gone), because
 // a pod may still hold it while it has vanished from the ResourceSlices.
 package health
@@ -33,6 +35,40 @@ type Options struct {
 	ResendInterval time.Duration
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Resolve looks a PF netdev up through the VF link layer
+	// (vflink.Links.Resolve); nil: not checked.
+	Resolve func(netdev string) error
+	// OnPFChange, if set, is called (outside the monitor's lock) after an
+	// Observe in which some PF changed state: the slices loop republishes
+	// with or without taints.
+	OnPFChange func()
+}
+
+// PF health states: the state label of vfnet_driver_pf_health and the
+// reason a PF's VFs are published with a taint.
+const (
+	PFHealthy  = "healthy"
+	PFLinkDown = "link-down"
+	PFGone     = "gone"
+)
+
+// PFStates lists the PF health states (a fresh slice each call).
+func PFStates() []string { return []string{PFHealthy, PFLinkDown, PFGone} }
+
+// PFState classifies a PF found on the host.
+func PFState(pf *sysfs.PF) string {
+	if linkDown[pf.OperState] {
+		return PFLinkDown
+	}
+	return PFHealthy
+}
+
+// PFHealth is the health of one PF whose VFs were offered.
+type PFHealth struct {
+	// Address is the PF's BDF, Name its netdev (the last one seen),
+	// Network the physical network its VFs are offered on.
+	Address, Name, Network string
+	State                  string
 }
 
 type entry struct {
@@ -49,7 +85,8 @@ type Monitor struct {
 
 	mu      sync.Mutex
 	devices map[string]*entry
-	changed chan struct{} // closed and replaced on every change
+	pfs     map[string]*PFHealth // by PF address
+	changed chan struct{}        // closed and replaced on every change
 }
 
 // NewMonitor returns a Monitor without devices.
@@ -60,7 +97,7 @@ func NewMonitor(opts Options) *Monitor {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Monitor{opts: opts, devices: map[string]*entry{}, changed: make(chan struct{})}
+	return &Monitor{opts: opts, devices: map[string]*entry{}, pfs: map[string]*PFHealth{}, changed: make(chan struct{})}
 }
 
 // linkDown lists operstate values (Documentation/networking/operstates.rst)
@@ -71,9 +108,17 @@ var linkDown = map[string]bool{"down": true, "lowerlayerdown": true, "notpresent
 // Observe updates health from a fresh host model. offered are the devices
 // currently offered; devices seen before keep being tracked.
 func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
+	if m.observe(pfs, offered) && m.opts.OnPFChange != nil {
+		m.opts.OnPFChange()
+	}
+}
+
+// observe updates health and reports whether a PF changed state.
+func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
 	type vfInfo struct {
-		pf  *sysfs.PF
-		vfs map[string]bool
+		pf         *sysfs.PF
+		vfs        map[string]bool
+		unresolved string // why the link layer cannot use the PF netdev
 	}
 	byPF := make(map[string]vfInfo, len(pfs))
 	for i := range pfs {
@@ -84,6 +129,17 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		byPF[pfs[i].Address] = info
 	}
 	now := m.opts.Now()
+	if m.opts.Resolve != nil {
+		// Once per PF, and before taking the lock: it is a netlink call.
+		for addr, info := range byPF {
+			if nd := info.pf.Uplink(); nd != "" {
+				if err := m.opts.Resolve(nd); err != nil {
+					info.unresolved = "PF " + addr + " netdev " + nd + " cannot be used: " + err.Error()
+					byPF[addr] = info
+				}
+			}
+		}
+	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -91,7 +147,25 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		if _, ok := m.devices[d.Name]; !ok {
 			m.devices[d.Name] = &entry{pfAddress: d.PFAddress, vfAddress: d.Address}
 		}
+		p := m.pfs[d.PFAddress]
+		if p == nil {
+			p = &PFHealth{Address: d.PFAddress}
+			m.pfs[d.PFAddress] = p
+		}
+		p.Network = d.Network
 	}
+	for addr, p := range m.pfs {
+		state := PFGone
+		if info, ok := byPF[addr]; ok {
+			state = PFState(info.pf)
+			if nd := info.pf.Uplink(); nd != "" {
+				p.Name = nd
+			}
+		}
+		pfChanged = pfChanged || (p.State != "" && p.State != state)
+		p.State = state
+	}
+
 	changed := false
 	for _, e := range m.devices {
 		status, msg := kubeletplugin.HealthStatusHealthy, ""
@@ -101,6 +175,8 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "PF "+e.pfAddress+" is gone"
 		case !info.vfs[e.vfAddress]:
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "VF "+e.vfAddress+" is gone (sriov_numvfs lowered?)"
+		case info.unresolved != "":
+			status, msg = kubeletplugin.HealthStatusUnhealthy, info.unresolved
 		case linkDown[info.pf.OperState]:
 			status, msg = kubeletplugin.HealthStatusUnhealthy, "PF "+e.pfAddress+" link is "+info.pf.OperState
 		}
@@ -114,6 +190,19 @@ func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
 		close(m.changed)
 		m.changed = make(chan struct{})
 	}
+	return pfChanged
+}
+
+// PFs returns the health of every PF whose VFs were ever offered, sorted by
+// address.
+func (m *Monitor) PFs() []PFHealth {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PFHealth, 0, len(m.pfs))
+	for _, a := range slices.Sorted(maps.Keys(m.pfs)) {
+		out = append(out, *m.pfs[a])
+	}
+	return out
 }
 
 // Report returns the health of every known device, sorted by name.

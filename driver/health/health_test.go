@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,11 +10,14 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func host(operstate string, vfs ...string) []sysfs.PF {
-	pf := sysfs.PF{Function: sysfs.Function{Address: "0000:3b:00.0", NetDevs: []string{"ens1f0"}}, OperState: operstate}
+	pf := sysfs.PF{Function: sysfs.Function{Address: "0000:3b:00.0", NetDevs: []string{"ens1f0"}}, NetDev: "ens1f0", OperState: operstate}
 	for i, a := range vfs {
 		pf.VFs = append(pf.VFs, sysfs.VF{Function: sysfs.Function{Address: a}, Index: i, PFAddress: pf.Address})
 	}
@@ -112,5 +116,87 @@ func TestObserveUnchangedDoesNotWake(t *testing.T) {
 	}
 	if m.opts.ResendInterval != DefaultResendInterval || DefaultResendInterval >= 30*time.Second {
 		t.Fatalf("resend interval %v must stay below the kubelet's 30s lease", m.opts.ResendInterval)
+	}
+}
+
+// TestPFStates: each PF's state follows the host (link down, gone, back),
+// and OnPFChange fires exactly when one changes (the slices loop then
+// republishes with or without the taint).
+func TestPFStates(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	m := NewMonitor(Options{PoolName: "node", OnPFChange: func() { calls++ }})
+	offered := []discovery.Device{
+		{Name: "vf-0000-3b-01-0", Address: "0000:3b:01.0", PFAddress: "0000:3b:00.0", Network: "physnet-a"},
+	}
+	for _, step := range []struct {
+		name  string
+		pfs   []sysfs.PF
+		state string
+		calls int
+	}{
+		{"first", host("up", "0000:3b:01.0"), PFHealthy, 0},
+		{"same", host("up", "0000:3b:01.0"), PFHealthy, 0},
+		{"cable pulled", host("down", "0000:3b:01.0"), PFLinkDown, 1},
+		{"lower layer down", host("lowerlayerdown", "0000:3b:01.0"), PFLinkDown, 1},
+		{"unknown operstate is not down", host("unknown", "0000:3b:01.0"), PFHealthy, 2},
+		{"PF removed", nil, PFGone, 3},
+		{"PF back", host("up", "0000:3b:01.0"), PFHealthy, 4},
+	} {
+		m.Observe(step.pfs, offered)
+		got := m.PFs()
+		want := PFHealth{Address: "0000:3b:00.0", Name: "ens1f0", Network: "physnet-a", State: step.state}
+		if len(got) != 1 || got[0] != want || calls != step.calls {
+			t.Errorf("%s: PFs() = %+v, OnPFChange calls %d; want [%+v], %d", step.name, got, calls, want, step.calls)
+		}
+	}
+}
+
+// A PF whose netdev the VF link layer cannot find (the driver looks in
+// another network namespace, or the netdev went away from it) makes its
+// VFs Unhealthy, with the namespace in the message: their settings could
+// not be changed or restored.
+func TestObserveUnreachablePFNetdev(t *testing.T) {
+	t.Parallel()
+	h, err := simhost.Build(t.TempDir(), simhost.E810Host())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := discovery.Build(pfs, cfg, discovery.Options{})
+	if err != nil || len(res.Devices) == 0 {
+		t.Fatalf("devices %d, err %v", len(res.Devices), err)
+	}
+	podNs, err := h.AddNetns("pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := h.LinksAt(podNs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links vflink.Links = pod
+	m := NewMonitor(Options{PoolName: "node", Resolve: func(nd string) error { _, err := links.Resolve(nd); return err }})
+	m.Observe(pfs, res.Devices)
+	for _, d := range m.Report().Devices {
+		if d.Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(d.Message, "PF 0000:3b:00.0 netdev enp59s0f0") ||
+			!strings.Contains(d.Message, "not found in network namespace "+podNs) {
+			t.Fatalf("%s: %s %q", d.DeviceName, d.Health, d.Message)
+		}
+	}
+	links = h.Links()
+	m.Observe(pfs, res.Devices)
+	for _, d := range m.Report().Devices {
+		if d.Health != kubeletplugin.HealthStatusHealthy || d.Message != "" {
+			t.Fatalf("host namespace: %s: %s %q", d.DeviceName, d.Health, d.Message)
+		}
 	}
 }

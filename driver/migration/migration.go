@@ -41,6 +41,8 @@ type Options struct {
 	// Recorder records Events on VMIs; nil: Run makes its own
 	// (NewRecorder).
 	Recorder record.EventRecorder
+	// OnAttach, if set, sees every finished attach (watch.Config.OnAttach).
+	OnAttach func(side string, d time.Duration, err error)
 }
 
 // NewRecorder returns an EventRecorder that writes core/v1 Events as
@@ -85,6 +87,7 @@ func Run(ctx context.Context, o Options) error {
 		},
 		Recorder:       recorder,
 		ResolveTimeout: o.Timeout,
+		OnAttach:       o.OnAttach,
 	})
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -35,11 +36,17 @@ type ClaimPreparer interface {
 // ErrNotSupported is each claim's error while no ClaimPreparer is configured.
 var ErrNotSupported = errors.New("preparing vfnet claims is not supported yet by this vfnet-driver build")
 
+// RequestObserver sees every DRA call: the method
+// (PrepareResourceClaims, UnprepareResourceClaims), its duration, and
+// whether the call or any of its claims failed (driver/metrics).
+type RequestObserver func(method string, d time.Duration, failed bool)
+
 // Driver implements kubeletplugin.DRAPlugin.
 type Driver struct {
-	preparer ClaimPreparer
-	health   *health.Monitor
-	onFatal  func(error)
+	preparer  ClaimPreparer
+	health    *health.Monitor
+	onFatal   func(error)
+	onRequest RequestObserver
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -54,7 +61,16 @@ func NewDriver(preparer ClaimPreparer, monitor *health.Monitor, onFatal func(err
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	if d.preparer != nil {
-		return d.preparer.Prepare(ctx, claims)
+		start := time.Now()
+		res, err := d.preparer.Prepare(ctx, claims)
+		if d.onRequest != nil {
+			failed := err != nil
+			for _, r := range res {
+				failed = failed || r.Err != nil
+			}
+			d.onRequest("PrepareResourceClaims", time.Since(start), failed)
+		}
+		return res, err
 	}
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
@@ -66,7 +82,16 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	if d.preparer != nil {
-		return d.preparer.Unprepare(ctx, claims)
+		start := time.Now()
+		res, err := d.preparer.Unprepare(ctx, claims)
+		if d.onRequest != nil {
+			failed := err != nil
+			for _, e := range res {
+				failed = failed || e != nil
+			}
+			d.onRequest("UnprepareResourceClaims", time.Since(start), failed)
+		}
+		return res, err
 	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
@@ -114,6 +139,8 @@ type Options struct {
 	Preparer ClaimPreparer
 	Health   *health.Monitor
 	OnFatal  func(error)
+	// OnRequest, if set, sees every prepare and unprepare call.
+	OnRequest RequestObserver
 	// Extra are appended to the helper options (tests: listeners, etc.).
 	Extra []kubeletplugin.Option
 }
@@ -156,7 +183,9 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		kopts = append(kopts, kubeletplugin.RollingUpdate(types.UID(opts.PodUID)))
 	}
 	kopts = append(kopts, opts.Extra...)
-	helper, err := kubeletplugin.Start(ctx, NewDriver(opts.Preparer, opts.Health, opts.OnFatal), kopts...)
+	drv := NewDriver(opts.Preparer, opts.Health, opts.OnFatal)
+	drv.onRequest = opts.OnRequest
+	helper, err := kubeletplugin.Start(ctx, drv, kopts...)
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin %s: %w", opts.DriverName, err)
 	}

@@ -197,7 +197,7 @@ pfs:
 
 // TestPublishLargeHost runs the real kubeletplugin helper and its
 // resourceslice controller against a fake API: 4 PFs x 256 VFs become 8
-// slices in a stable order, a PF removal republishes without it, and the
+// slices in a stable order, a PF removal republishes its VFs tainted, and the
 // scheduler's allocator picks VFs from the right network.
 func TestPublishLargeHost(t *testing.T) {
 	t.Parallel()
@@ -290,11 +290,17 @@ func TestPublishLargeHost(t *testing.T) {
 	if changed, err := loop.Scan(ctx); err != nil || !changed {
 		t.Fatalf("Scan after PF removal = %v, %v", changed, err)
 	}
-	got = waitForPool(ctx, t, client, 6, 768)
+	// The removed PF's VFs stay published with the "gone" taint, which
+	// caps their slices at 64 devices: 4x128, 4x64 tainted, 2x128.
+	got = waitForPool(ctx, t, client, 10, 1024)
 	for _, s := range got {
 		for _, d := range s.Spec.Devices {
-			if *d.Attributes[discovery.AttrPFPCIAddress].StringValue == "0000:86:00.0" {
-				t.Fatalf("device %s of the removed PF is still published", d.Name)
+			gone := *d.Attributes[discovery.AttrPFPCIAddress].StringValue == "0000:86:00.0"
+			if tainted := len(d.Taints) == 1 && d.Taints[0].Key == slices.TaintKey && d.Taints[0].Value == health.PFGone; tainted != gone {
+				t.Fatalf("device %s (of the removed PF: %v) has taints %+v", d.Name, gone, d.Taints)
+			}
+			if gone && len(s.Spec.Devices) > 64 {
+				t.Fatalf("slice %s has %d devices, one of them tainted", s.Name, len(s.Spec.Devices))
 			}
 		}
 	}
@@ -318,7 +324,8 @@ func TestPublishLargeHost(t *testing.T) {
 	if changed, err := loop.Scan(ctx); err != nil || !changed {
 		t.Fatalf("Scan after numvfs change = %v, %v", changed, err)
 	}
-	waitForPool(ctx, t, client, 5, 256+10+256)
+	// 2x128 | 10 + 54 tainted | 3x64 tainted | 10 tainted + 54 | 128, 74.
+	waitForPool(ctx, t, client, 9, 256+10+256+256)
 }
 
 type classLister map[string]*resourceapi.DeviceClass

@@ -29,6 +29,7 @@ import (
 const (
 	StepCheckpointRecorded    = "checkpoint-recorded"
 	StepCheckpointBinding     = "checkpoint-binding"
+	StepCheckpointApplying    = "checkpoint-applying"
 	StepCDIWritten            = "cdi-written"
 	StepStatusUpdated         = "status-updated"
 	StepCheckpointPrepared    = "checkpoint-prepared"
@@ -41,17 +42,32 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 	logger := klog.FromContext(ctx)
 	results, err := s.ourResults(claim)
 	if err != nil {
-		return nil, err
+		return nil, at(ErrStepPlan, err)
 	}
 	if len(results) == 0 {
 		return []kubeletplugin.Device{}, nil
 	}
 	entry := s.entry(claim.UID)
 	if entry != nil && entry.Phase == checkpoint.PhasePrepared {
-		// Repeated call: the host is prepared; change nothing.
-		return s.deviceResults(claim.UID, entry), nil
-	}
-	if entry == nil {
+		// Repeated call. The checkpoint says prepared, but the host may
+		// have changed since (reboot, sriov_numvfs, an admin): report
+		// the devices only if they still are as prepared, else repair.
+		drift, err := s.verify(ctx, claim.UID, entry)
+		if err != nil {
+			if errors.Is(err, errVFGone) {
+				return nil, fmt.Errorf("claim %s/%s: %w; the claim cannot be used on this node any more: delete the pod so the kubelet unprepares the claim and the scheduler allocates another VF", claim.Namespace, claim.Name, err)
+			}
+			return nil, fmt.Errorf("claim %s/%s: verify the prepared devices: %w", claim.Namespace, claim.Name, err)
+		}
+		if len(drift) == 0 {
+			return s.deviceResults(claim.UID, entry), nil
+		}
+		logger.Info("Prepared claim no longer matches the host, preparing it again", "drift", drift)
+		entry.Phase = checkpoint.PhasePreparing
+		if err := s.update(claim.UID, entry); err != nil {
+			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	} else if entry == nil {
 		if entry, err = s.record(ctx, claim, results); err != nil {
 			return nil, err
 		}
@@ -63,7 +79,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 		logger.Info("Continuing interrupted work on claim", "phase", entry.Phase)
 		entry.Phase = checkpoint.PhasePreparing
 		if err := s.update(claim.UID, entry); err != nil {
-			return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+			return nil, at(ErrStepCheckpoint, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err))
 		}
 	}
 	if err := s.forward(ctx, claim, entry); err != nil {
@@ -85,24 +101,25 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (*checkpoint.Claim, error) {
 	plans, err := s.makePlans(ctx, claim, results)
 	if err != nil {
-		return nil, err
+		return nil, at(ErrStepPlan, err)
 	}
 	if err := s.binder.CheckVFIOLoaded(); err != nil {
-		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		return nil, at(ErrStepCheck, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err))
 	}
 	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PhasePreparing}
 	for _, p := range plans {
 		d := checkpoint.Device{
 			Request: p.result.Request, Pool: p.result.Pool, Device: p.result.Device,
 			BDF: p.ref.Address, PFAddress: p.ref.PFAddress, PFNetDev: p.ref.PFName, VFIndex: p.ref.VFIndex,
-			Step:           checkpoint.StepConfiguring,
+			Step:           checkpoint.StepRecorded,
 			OriginalDriver: p.ref.Driver,
+			MACSet:         p.mac != nil,
 		}
 		if d.OriginalOverride, err = s.binder.Override(d.BDF); err != nil {
-			return nil, stepError(d, "read original state", err)
+			return nil, at(ErrStepRecord, stepError(d, "read original state", err))
 		}
 		if d.Original, err = s.opts.Links.VF(d.PFNetDev, d.VFIndex); err != nil {
-			return nil, stepError(d, "read original VF link settings", err)
+			return nil, at(ErrStepRecord, stepError(d, "read original VF link settings", err))
 		}
 		d.Applied = p.config.Apply(d.Original, p.mac)
 		entry.Devices = append(entry.Devices, d)
@@ -113,14 +130,14 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 	defer s.mu.Unlock()
 	for _, d := range entry.Devices {
 		if uid, other, ok := s.holderLocked(d.BDF); ok && uid != claim.UID {
-			return nil, fmt.Errorf("claim %s/%s: %s is already prepared for claim %s/%s (uid %s); a VF is never given to two claims, unprepare that claim first",
-				claim.Namespace, claim.Name, describe(d), other.Namespace, other.Name, uid)
+			return nil, at(ErrStepRecord, fmt.Errorf("claim %s/%s: %s is already prepared for claim %s/%s (uid %s); a VF is never given to two claims, unprepare that claim first",
+				claim.Namespace, claim.Name, describe(d), other.Namespace, other.Name, uid))
 		}
 	}
 	next := s.cp.Clone()
 	next.Claims[claim.UID] = entry
 	if err := s.store.Save(next); err != nil {
-		return nil, fmt.Errorf("claim %s/%s: record original VF state: %w", claim.Namespace, claim.Name, err)
+		return nil, at(ErrStepCheckpoint, fmt.Errorf("claim %s/%s: record original VF state: %w", claim.Namespace, claim.Name, err))
 	}
 	s.cp = next.Clone()
 	return entry, nil
@@ -128,30 +145,35 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 
 // forward makes the claim's devices prepared, from whatever step they are
 // at. Every host operation is idempotent.
+//
+// The VF goes to vfio-pci first and its settings are applied through the
+// PF afterwards, while no VF driver is bound (as dra-driver-sriov does):
+// MAC, VLAN and trust changes reset the VF on Intel PFs, which a bound VF
+// driver would have to live through, and only with the VF driver gone does
+// the PF report the administrative MAC rather than one the driver chose.
 func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, entry *checkpoint.Claim) error {
 	// Before anything is bound: the host may have changed since the slice
 	// was published (group shared, noiommu, a process took the VF). A
 	// device an interrupted call already bound was checked then.
 	for _, d := range entry.Devices {
-		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+		if d.Step.DriverTouched() {
 			continue
 		}
 		if err := s.opts.CheckVF(d.BDF); err != nil {
-			return stepError(d, "check the VF can be passed through", err)
-		}
-	}
-	for _, d := range entry.Devices {
-		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
-			return stepError(d, "apply VF link settings through the PF", err)
+			return at(ErrStepCheck, stepError(d, "check the VF can be passed through", err))
 		}
 	}
 	for i := range entry.Devices {
-		if entry.Devices[i].Step.Order() < checkpoint.StepBinding.Order() {
-			entry.Devices[i].Step = checkpoint.StepBinding
+		switch d := &entry.Devices[i]; d.Step {
+		case checkpoint.StepRecorded:
+			d.Step = checkpoint.StepBindingVFIO
+		case checkpoint.StepConfiguring:
+			// An older driver's entry: settings may be applied already.
+			d.Step = checkpoint.StepBinding
 		}
 	}
 	if err := s.update(claim.UID, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointBinding)
 	cdiDevs := make([]cdi.Device, 0, len(entry.Devices))
@@ -159,17 +181,35 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		d := &entry.Devices[i]
 		bd, err := s.binder.BindVFIO(ctx, d.BDF, s.opts.VFIOTimeout)
 		if err != nil {
-			return stepError(*d, "bind to vfio-pci", err)
+			return at(ErrStepBind, stepError(*d, "bind to vfio-pci", err))
 		}
 		d.IOMMUGroup, d.DevNode = bd.IOMMUGroup, bd.DevNode
 		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
 	}
+	for i := range entry.Devices {
+		d := &entry.Devices[i]
+		if d.Step == checkpoint.StepBindingVFIO {
+			if err := s.readAdminOriginal(ctx, d); err != nil {
+				return at(ErrStepLink, stepError(*d, "read the VF's settings through the PF with no VF driver bound", err))
+			}
+		}
+		d.Step = checkpoint.StepApplying
+	}
+	if err := s.update(claim.UID, entry); err != nil {
+		return at(ErrStepCheckpoint, err)
+	}
+	s.hook(StepCheckpointApplying)
+	for _, d := range entry.Devices {
+		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
+			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
+		}
+	}
 	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
-		return fmt.Errorf("write CDI spec: %w", err)
+		return at(ErrStepCDI, fmt.Errorf("write CDI spec: %w", err))
 	}
 	s.hook(StepCDIWritten)
 	if err := s.setStatus(ctx, claim, entry.Devices); err != nil {
-		return fmt.Errorf("update claim status.devices: %w", err)
+		return at(ErrStepStatus, fmt.Errorf("update claim status.devices: %w", err))
 	}
 	s.hook(StepStatusUpdated)
 	for i := range entry.Devices {
@@ -177,9 +217,34 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 	}
 	entry.Phase = checkpoint.PhasePrepared
 	if err := s.update(claim.UID, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointPrepared)
+	return nil
+}
+
+// readAdminOriginal reads the VF's MAC again now that no VF driver is
+// bound. A VF driver that got no MAC from the PF picks one itself (igbvf,
+// iavf), and the PF reports that one as the VF's MAC (igb, ice, bnxt) until
+// the driver lets go. Restoring it would pin it as an administrative MAC
+// (igb then sets IGB_VF_FLAG_PF_SET_MAC and refuses the VF driver's own
+// changes), so the original is what the PF reports now: all zeros when no
+// MAC was set. A MAC set by an administrator stays and reads the same.
+func (s *State) readAdminOriginal(ctx context.Context, d *checkpoint.Device) error {
+	now, err := s.opts.Links.VF(s.pfNetDev(ctx, *d), d.VFIndex)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(now.MAC, d.Original.MAC) {
+		return nil
+	}
+	klog.FromContext(ctx).V(2).Info("The VF's MAC before prepare was its driver's own, not set through the PF; unprepare leaves the VF's MAC as the PF has it now",
+		"device", d.Device, "bdf", d.BDF, "driverMAC", d.Original.MAC, "adminMAC", now.MAC)
+	d.OriginalOwnMAC = d.Original.MAC.String()
+	d.Original.MAC = append(net.HardwareAddr(nil), now.MAC...)
+	if !d.MACSet {
+		d.Applied.MAC = append(net.HardwareAddr(nil), now.MAC...)
+	}
 	return nil
 }
 
@@ -190,12 +255,12 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 	logger := klog.FromContext(ctx)
 	entry.Phase = checkpoint.PhaseUnpreparing
 	if err := s.update(uid, entry); err != nil {
-		return err
+		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointUnpreparing)
 	var errs []error
 	if err := s.cdi.Remove(uid); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, at(ErrStepCDI, err))
 	}
 	s.hook(StepCDIRemoved)
 	for i := len(entry.Devices) - 1; i >= 0; i-- {
@@ -205,19 +270,24 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 			logger.Info("VF disappeared, nothing to restore", "device", d.Device, "bdf", d.BDF)
 			continue
 		}
-		// Link settings first: the original driver then probes the VF
-		// with its original MAC.
-		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
-			errs = append(errs, stepError(d, "restore VF link settings", err))
+		// Settings first, while the VF is still on vfio-pci: the resets
+		// they cause hit no VF driver, and the original driver then probes
+		// the VF with its original settings (and picks its own MAC again
+		// when none is set).
+		if d.Step.SettingsTouched() {
+			if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Original); err != nil {
+				errs = append(errs, at(ErrStepRestoreLink, stepError(d, "restore VF link settings", err)))
+			}
 		}
-		if d.Step.Order() >= checkpoint.StepBinding.Order() {
+		if d.Step.DriverTouched() {
 			if err := s.binder.Restore(ctx, d.BDF, d.OriginalDriver, d.OriginalOverride); err != nil {
-				errs = append(errs, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err))
+				errs = append(errs, at(ErrStepRestoreDriver, stepError(d, fmt.Sprintf("restore driver %q", d.OriginalDriver), err)))
 			}
 		}
 	}
 	if len(errs) > 0 {
-		return errors.New(joinErrs(errs))
+		// The first failure names the step.
+		return at(StepOf(errs[0]), errors.New(joinErrs(errs)))
 	}
 	return nil
 }
@@ -232,7 +302,7 @@ func (s *State) unprepareClaim(ctx context.Context, c kubeletplugin.NamespacedOb
 	}
 	s.clearStatus(ctx, c)
 	if err := s.update(c.UID, nil); err != nil {
-		return fmt.Errorf("unprepare claim %s: host restored, but %w", c.NamespacedName, err)
+		return at(ErrStepCheckpoint, fmt.Errorf("unprepare claim %s: host restored, but %w", c.NamespacedName, err))
 	}
 	s.hook(StepCheckpointDropped)
 	return nil
@@ -296,7 +366,8 @@ func (s *State) setLink(pfi vflink.PF, vf int, want vflink.VFState) error {
 		}
 		s.hook("link-state")
 	}
-	if cur.MinTxRateMbps != want.MinTxRateMbps || cur.MaxTxRateMbps != want.MaxTxRateMbps {
+	// i40e raises a limit under 50 Mbps to 50: that one is applied.
+	if cur.MinTxRateMbps != want.MinTxRateMbps || !vflink.RateApplied(want.MaxTxRateMbps, cur.MaxTxRateMbps) {
 		if err := l.SetRate(pf, vf, want.MinTxRateMbps, want.MaxTxRateMbps); err != nil {
 			return explainRate(pfi, cur, want, err)
 		}
@@ -373,6 +444,9 @@ func (s *State) attributes(d checkpoint.Device, published []discovery.Device) ma
 		dev = discovery.Device{Name: d.Device, Address: d.BDF, VFIndex: d.VFIndex, PFAddress: d.PFAddress, PFName: d.PFNetDev, NUMANode: -1}
 		if fn, err := s.opts.Sysfs.Function(d.BDF); err == nil {
 			dev.VendorID, dev.DeviceID, dev.NUMANode, dev.PCIeRoot = fn.VendorID, fn.DeviceID, fn.NUMANode, fn.PCIeRoot
+		}
+		if pf, err := s.opts.Sysfs.Function(d.PFAddress); err == nil {
+			dev.PFDriver, dev.PFSupports = pf.Driver, discovery.SupportsOf(pf.Driver, pf.DeviceID)
 		}
 	}
 	attrs := dev.Attributes()

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,11 +32,13 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/vfconfig"
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
 	"github.com/vfnet-io/vfnet/pkg/pcibind"
@@ -94,28 +98,70 @@ type Options struct {
 	CheckVF func(bdf string) error
 	// VFIOTimeout bounds the wait for /dev/vfio/<group> (default 30s).
 	VFIOTimeout time.Duration
+	// LinkRetryTimeout bounds how long one VF setting is retried while the
+	// PF answers that the VF is in reset (default
+	// vflink.DefaultRetryTimeout, about 2s).
+	LinkRetryTimeout time.Duration
+	// Clock times those retries (nil: the real clock).
+	Clock clock.Clock
+	// StaleTempAge is how old a temporary file of ours (checkpoint, CDI
+	// spec, the helper's metadata) must be for New to remove it as a
+	// crash's leftover (default 5 minutes: a younger one may be another
+	// driver instance's write in progress).
+	StaleTempAge time.Duration
+	// LockPath is the node lock every call takes (default: LockFileName
+	// next to the checkpoint). Every driver instance on the node must use
+	// the same file.
+	LockPath string
 	// Hook, if set, is called after each checkpoint write and host change
 	// with the step's name. Crash tests stop the process there.
 	Hook func(step string)
+	// Observer, if set, sees every claim's prepare and unprepare
+	// (driver/metrics).
+	Observer Observer
 }
 
-// State prepares and unprepares claims. It is safe for concurrent use.
+// Observer sees the outcome of every claim's prepare and unprepare: how
+// long it took and, on failure, the step (ErrStep...) and the error.
+type Observer interface {
+	PrepareDone(d time.Duration, step string, err error)
+	UnprepareDone(d time.Duration, step string, err error)
+}
+
+// LockFileName is the node lock's file in the plugin data directory. It is
+// not the kubeletplugin helper's serialize.lock: the helper holds that one
+// around our calls when rolling updates are on, and a second flock on it
+// from the same process would wait for itself.
+const LockFileName = "vfnet-prepare.lock"
+
+// State prepares and unprepares claims. It is safe for concurrent use, and
+// several States (in one process or in two driver instances during a
+// rolling update) may share one checkpoint: the checkpoint file is the only
+// state that lasts across calls. Every Prepare and Unprepare call holds the
+// node lock, reads the checkpoint at its start and writes every change
+// before it returns, so a claim prepared through one instance is known to
+// the other.
 type State struct {
 	opts   Options
 	store  checkpoint.Store
+	lock   *nodelock.Lock
 	cdi    cdi.Writer
 	binder pcibind.Binder
 
 	mu sync.Mutex
-	// cp is the checkpoint as last written; guarded by mu. Writes happen
-	// under mu so the file always matches cp.
+	// cp is the checkpoint as read at the start of the current call and
+	// written since; guarded by mu, and only meaningful while the node lock
+	// is held (outside a call another instance may have changed the file).
 	cp *checkpoint.File
-	// busy holds claims being worked on, so concurrent calls for one claim
-	// cannot interleave.
-	busy map[types.UID]bool
 	// warned holds "<VMI UID>/<interface>" MAC warnings already recorded;
 	// guarded by mu.
 	warned map[string]bool
+
+	// owned caches the VFs the checkpoint file holds, keyed by the file's
+	// identity, for Owned (called per VF on every rescan).
+	ownedMu  sync.Mutex
+	ownedKey fileKey
+	owned    map[string]bool
 }
 
 // New loads the checkpoint. A corrupt checkpoint is an error: the driver
@@ -133,6 +179,9 @@ func New(opts Options) (*State, error) {
 	if opts.VFIOTimeout <= 0 {
 		opts.VFIOTimeout = 30 * time.Second
 	}
+	// Every PF-side set rides out VF resets and is verified by reading it
+	// back (vflink.Retrying).
+	opts.Links = vflink.Retrying{Links: opts.Links, Clock: opts.Clock, Timeout: opts.LinkRetryTimeout}
 	if opts.CheckVF == nil {
 		h := opts.Sysfs
 		opts.CheckVF = func(bdf string) error { return discovery.CheckVF(h, bdf, discovery.Policy{}, nil) }
@@ -140,7 +189,16 @@ func New(opts Options) (*State, error) {
 	if err := os.MkdirAll(filepath.Dir(opts.CheckpointPath), 0o750); err != nil {
 		return nil, fmt.Errorf("create the checkpoint directory: %w", err)
 	}
+	if opts.LockPath == "" {
+		opts.LockPath = filepath.Join(filepath.Dir(opts.CheckpointPath), LockFileName)
+	}
+	if opts.StaleTempAge <= 0 {
+		opts.StaleTempAge = DefaultStaleTempAge
+	}
 	store := checkpoint.Store{Path: opts.CheckpointPath}
+	removeStaleTemps(opts)
+	// Read once at start-up so a corrupt checkpoint stops the driver
+	// instead of failing every call.
 	cp, err := store.Load()
 	if err != nil {
 		return nil, err
@@ -148,14 +206,63 @@ func New(opts Options) (*State, error) {
 	s := &State{
 		opts:  opts,
 		store: store,
+		lock:  nodelock.New(opts.LockPath),
 		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot},
 		binder: pcibind.Binder{Sysfs: opts.Sysfs, Writer: opts.Writer, DevRoot: opts.DevRoot, NodeName: opts.NodeName,
 			Hook: opts.Hook},
 		cp:     cp,
-		busy:   map[types.UID]bool{},
 		warned: map[string]bool{},
 	}
 	return s, nil
+}
+
+// DefaultStaleTempAge is Options.StaleTempAge's default. A write takes
+// milliseconds; minutes leave a wide margin for a stalled disk.
+const DefaultStaleTempAge = 5 * time.Minute
+
+// MetadataDirName is where the kubeletplugin helper writes device metadata
+// in the plugin data directory (the checkpoint's directory).
+const MetadataDirName = "dra-device-metadata"
+
+// removeStaleTemps removes what a crash inside a file write left: our
+// checkpoint and CDI temporaries, and the kubeletplugin helper's metadata
+// ones (its metadata files and their CDI specs). Only our own names, only
+// old ones.
+func removeStaleTemps(opts Options) {
+	plugin := checkpoint.GlobEscape(filepath.Dir(opts.CheckpointPath))
+	globs := []string{
+		filepath.Join(plugin, checkpoint.TempGlob(filepath.Base(opts.CheckpointPath))),
+		filepath.Join(plugin, MetadataDirName, "*", "*", checkpoint.TempGlob("metadata.json")),
+		filepath.Join(checkpoint.GlobEscape(opts.CDIRoot), checkpoint.TempGlob(opts.DriverName+"_metadata_*.json")),
+	}
+	globs = append(globs, cdi.Writer{Root: opts.CDIRoot}.TempGlobs()...)
+	removed, err := checkpoint.RemoveStaleTemps(globs, opts.StaleTempAge)
+	logger := klog.Background()
+	for _, f := range removed {
+		logger.Info("Removed a temporary file an interrupted write left behind", "file", f)
+	}
+	if err != nil {
+		logger.Error(err, "Could not remove every stale temporary file; they are harmless, remove them by hand")
+	}
+}
+
+// begin takes the node lock and reads the checkpoint another instance may
+// have changed since this one last looked. The caller calls the returned
+// function when the call is done.
+func (s *State) begin(ctx context.Context) (func(), error) {
+	held, err := s.lock.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.store.Load()
+	if err != nil {
+		held.Release()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.cp = cp
+	s.mu.Unlock()
+	return held.Release, nil
 }
 
 func (s *State) hook(step string) {
@@ -165,19 +272,66 @@ func (s *State) hook(step string) {
 }
 
 // Owned reports whether vfnet holds the VF at bdf for some claim (it may
-// have bound it to vfio-pci itself).
+// have bound it to vfio-pci itself), according to the checkpoint file: the
+// other driver instance of a rolling update may have prepared it.
 func (s *State) Owned(bdf string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, _, ok := s.holderLocked(bdf)
-	return ok
+	return s.ownedSet()[bdf]
 }
 
-// Snapshot returns a copy of the checkpoint (for tests and diagnostics).
+// fileKey identifies one version of the checkpoint file: every write
+// renames a new file into place.
+type fileKey struct {
+	ino, size          uint64
+	mtimeNs, ctimeNs   int64
+	exists, statFailed bool
+}
+
+func statKey(path string) fileKey {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileKey{statFailed: !errors.Is(err, fs.ErrNotExist)}
+	}
+	return fileKey{ino: st.Ino, size: uint64(st.Size), mtimeNs: st.Mtim.Nano(), ctimeNs: st.Ctim.Nano(), exists: true}
+}
+
+// ownedSet is the set of VFs in the checkpoint file, reread when the file
+// changed. Reads need no lock: the file is replaced atomically. When it
+// cannot be read the last known set stays (a transient error must not make
+// VFs in use look foreign).
+func (s *State) ownedSet() map[string]bool {
+	s.ownedMu.Lock()
+	defer s.ownedMu.Unlock()
+	key := statKey(s.store.Path)
+	if s.owned != nil && key == s.ownedKey && !key.statFailed {
+		return s.owned
+	}
+	cp, err := s.store.Load()
+	if err != nil {
+		klog.Background().Error(err, "Cannot read the checkpoint to tell which VFs vfnet holds; using the last known set")
+		if s.owned == nil {
+			return map[string]bool{}
+		}
+		return s.owned
+	}
+	set := map[string]bool{}
+	for _, c := range cp.Claims {
+		for _, d := range c.Devices {
+			set[d.BDF] = true
+		}
+	}
+	s.owned, s.ownedKey = set, key
+	return set
+}
+
+// Snapshot returns the checkpoint as the file holds it now (for tests and
+// diagnostics).
 func (s *State) Snapshot() *checkpoint.File {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cp.Clone()
+	cp, err := s.store.Load()
+	if err != nil {
+		klog.Background().Error(err, "Read checkpoint")
+		return &checkpoint.File{Version: checkpoint.Version, Claims: map[types.UID]*checkpoint.Claim{}}
+	}
+	return cp
 }
 
 func (s *State) holderLocked(bdf string) (types.UID, *checkpoint.Claim, bool) {
@@ -223,58 +377,79 @@ func (s *State) entry(uid types.UID) *checkpoint.Claim {
 	return &cc
 }
 
-func (s *State) acquire(uid types.UID) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.busy[uid] {
-		return false
+// vfsOf lists a checkpoint entry's VFs as "device=bdf" for the log.
+func vfsOf(c *checkpoint.Claim) []string {
+	if c == nil {
+		return nil
 	}
-	s.busy[uid] = true
-	return true
-}
-
-func (s *State) release(uid types.UID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.busy, uid)
+	out := make([]string, len(c.Devices))
+	for i, d := range c.Devices {
+		out[i] = d.Device + "=" + d.BDF
+	}
+	return out
 }
 
 // Prepare implements plugin.ClaimPreparer.
 func (s *State) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	done, err := s.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("prepare: %w", err)
+	}
+	defer done()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", klog.KObj(claim), "claimUID", claim.UID)
 		cctx := klog.NewContext(ctx, logger)
-		if !s.acquire(claim.UID) {
-			out[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: another prepare or unprepare of this claim is in progress", claim.Namespace, claim.Name)}
-			continue
-		}
+		start := time.Now()
 		devs, err := s.prepareClaim(cctx, claim)
-		s.release(claim.UID)
+		s.observePrepare(start, err)
 		if err != nil {
 			logger.Error(err, "Prepare failed")
 			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
+		// One line per claim at the default verbosity: which VFs a VM got
+		// and how long the host took, for an admin reading the driver log.
+		logger.Info("Prepared claim", "vfs", vfsOf(s.entry(claim.UID)), "duration", time.Since(start))
 		out[claim.UID] = kubeletplugin.PrepareResult{Devices: devs}
 	}
 	return out, nil
 }
 
+func (s *State) observePrepare(start time.Time, err error) {
+	if s.opts.Observer != nil {
+		s.opts.Observer.PrepareDone(time.Since(start), StepOf(err), err)
+	}
+}
+
+func (s *State) observeUnprepare(start time.Time, err error) {
+	if s.opts.Observer != nil {
+		s.opts.Observer.UnprepareDone(time.Since(start), StepOf(err), err)
+	}
+}
+
 // Unprepare implements plugin.ClaimPreparer.
 func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	done, err := s.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("unprepare: %w", err)
+	}
+	defer done()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		logger := klog.LoggerWithValues(klog.FromContext(ctx), "claim", c.NamespacedName, "claimUID", c.UID)
 		cctx := klog.NewContext(ctx, logger)
-		if !s.acquire(c.UID) {
-			out[c.UID] = fmt.Errorf("claim %s: another prepare or unprepare of this claim is in progress", c.NamespacedName)
-			continue
-		}
+		start := time.Now()
+		entry := s.entry(c.UID)
 		err := s.unprepareClaim(cctx, c)
-		s.release(c.UID)
-		if err != nil {
+		s.observeUnprepare(start, err)
+		switch {
+		case err != nil:
 			logger.Error(err, "Unprepare failed")
+		case entry != nil:
+			logger.Info("Unprepared claim", "vfs", vfsOf(entry), "duration", time.Since(start))
+		default:
+			logger.V(2).Info("Unprepare: claim not prepared by this driver, nothing to undo")
 		}
 		out[c.UID] = err
 	}
@@ -445,6 +620,52 @@ func (s *State) locate(device string) (vfRef, error) {
 
 func describe(d checkpoint.Device) string {
 	return fmt.Sprintf("VF %s (%s, %s vf %d)", d.BDF, d.Device, d.PFNetDev, d.VFIndex)
+}
+
+// Error steps: the "step" label of the prepare and unprepare error counters
+// (driver/metrics), from StepOf. A small fixed set: labels stay bounded.
+const (
+	ErrStepPlan          = "plan"           // allocation, VF lookup, VFConfig, VM MAC
+	ErrStepRecord        = "record"         // reading the VF's original state, VF held by another claim
+	ErrStepCheck         = "check"          // vfio-pci missing, VF not passable (IOMMU group, holders)
+	ErrStepLink          = "link"           // VF settings through the PF
+	ErrStepBind          = "bind"           // binding to vfio-pci
+	ErrStepCDI           = "cdi"            // writing or removing the CDI spec
+	ErrStepStatus        = "status"         // claim status.devices
+	ErrStepCheckpoint    = "checkpoint"     // writing the checkpoint
+	ErrStepRestoreLink   = "restore-link"   // unprepare: original VF settings
+	ErrStepRestoreDriver = "restore-driver" // unprepare: original driver
+	ErrStepOther         = "other"
+)
+
+// stepFailure tags an error with its step; the message is the error's own.
+type stepFailure struct {
+	step string
+	err  error
+}
+
+func (f *stepFailure) Error() string { return f.err.Error() }
+func (f *stepFailure) Unwrap() error { return f.err }
+
+// at tags err with step (StepOf finds the outermost tag).
+func at(step string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepFailure{step: step, err: err}
+}
+
+// StepOf returns the step a prepare or unprepare error happened at
+// (ErrStep...), ErrStepOther when it is untagged, "" for nil.
+func StepOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var f *stepFailure
+	if errors.As(err, &f) {
+		return f.step
+	}
+	return ErrStepOther
 }
 
 // stepError names the VF, the step and the cause.

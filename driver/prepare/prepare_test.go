@@ -230,21 +230,22 @@ func TestBadInputs(t *testing.T) {
 		configs []resourceapi.DeviceAllocationConfiguration
 		setup   func(t *testing.T, e *preparetest.Env, s *prepare.State)
 		want    []string
+		step    string // prepare.StepOf: the metrics' step label
 	}{
 		{name: "malformed VFConfig", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClaim, `{`+hdr+`,"vlan":"one hundred"}`)},
-			want: []string{"device " + vf1, "config[0] (FromClaim)", "decode vfnet.io/v1alpha1 VFConfig", "vlan"}},
+			want: []string{"device " + vf1, "config[0] (FromClaim)", "decode vfnet.io/v1alpha1 VFConfig", "vlan"}, step: prepare.ErrStepPlan},
 		{name: "not an object", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClass, `[1,2]`)},
-			want: []string{"config[0] (FromClass)", "decode vfnet.io/v1alpha1 VFConfig"}},
+			want: []string{"config[0] (FromClass)", "decode vfnet.io/v1alpha1 VFConfig"}, step: prepare.ErrStepPlan},
 		{name: "unknown field", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClaim, `{`+hdr+`,"vlanid":5}`)},
-			want: []string{`unknown field "vlanid"`}},
+			want: []string{`unknown field "vlanid"`}, step: prepare.ErrStepPlan},
 		{name: "vlan out of range", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClass, `{`+hdr+`,"vlan":4095}`)},
-			want: []string{"vlan: 4095 is out of range; allowed 0-4094"}},
+			want: []string{"vlan: 4095 is out of range; allowed 0-4094"}, step: prepare.ErrStepPlan},
 		{name: "bad mac", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClaim, `{`+hdr+`,"mac":"02:00:00:00:00:zz"}`)},
-			want: []string{`mac: "02:00:00:00:00:zz" is not a 48-bit MAC address`}},
+			want: []string{`mac: "02:00:00:00:00:zz" is not a 48-bit MAC address`}, step: prepare.ErrStepPlan},
 		{name: "vanished VF", devices: []string{vf1, "vf-0000-3b-02-7"},
-			want: []string{"vf-0000-3b-02-7", "no VF at 0000:3b:02.7 on this node"}},
+			want: []string{"vf-0000-3b-02-7", "no VF at 0000:3b:02.7 on this node"}, step: prepare.ErrStepPlan},
 		{name: "vfio-pci not loaded", spec: func() simhost.Spec { s := simhost.E810Host(); s.NoVFIOPCI = true; return s },
-			want: []string{"modprobe vfio-pci", "on node node-a"}},
+			want: []string{"modprobe vfio-pci", "on node node-a"}, step: prepare.ErrStepCheck},
 		{name: "bind fails after unbind", devices: []string{vf1, "vf-0000-3b-02-2"},
 			setup: func(t *testing.T, e *preparetest.Env, s *prepare.State) {
 				// The second VF's bind fails: the first, fully bound
@@ -256,12 +257,14 @@ func TestBadInputs(t *testing.T) {
 					return nil
 				})
 			},
-			want: []string{"VF 0000:3b:02.2 (vf-0000-3b-02-2, enp59s0f0 vf 2): bind to vfio-pci: bind 0000:3b:02.2 to vfio-pci", "input/output error", "everything done for the claim was undone"}},
+			want: []string{"VF 0000:3b:02.2 (vf-0000-3b-02-2, enp59s0f0 vf 2): bind to vfio-pci: bind 0000:3b:02.2 to vfio-pci", "input/output error", "everything done for the claim was undone"},
+			step: prepare.ErrStepBind},
 		{name: "link setting fails", configs: []resourceapi.DeviceAllocationConfiguration{preparetest.Config(fromClaim, `{`+hdr+`,"vlan":10,"trust":true}`)},
 			setup: func(t *testing.T, e *preparetest.Env, s *prepare.State) {
 				e.Host.Links().Fail(simhost.OpSetTrust, syscall.EOPNOTSUPP, 1)
 			},
-			want: []string{"VF " + vf1BDF, "apply VF link settings through the PF", "trust true: PF driver ice (PF enp59s0f0) does not support it (EOPNOTSUPP)", "undone"}},
+			want: []string{"VF " + vf1BDF, "apply VF link settings through the PF", "trust true: PF driver ice (PF enp59s0f0) does not support it (EOPNOTSUPP)", "undone"},
+			step: prepare.ErrStepLink},
 		{name: "second claim on a prepared VF",
 			setup: func(t *testing.T, e *preparetest.Env, s *prepare.State) {
 				first := preparetest.Claim("other-ns", "first", "uid-first", []string{vf1})
@@ -270,7 +273,7 @@ func TestBadInputs(t *testing.T) {
 					t.Fatal(r.Err)
 				}
 			},
-			want: []string{"is already prepared for claim other-ns/first (uid uid-first)"}},
+			want: []string{"is already prepared for claim other-ns/first (uid uid-first)"}, step: prepare.ErrStepRecord},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -299,6 +302,9 @@ func TestBadInputs(t *testing.T) {
 				if !strings.Contains(r.Err.Error(), w) {
 					t.Errorf("error %q\nlacks %q", r.Err, w)
 				}
+			}
+			if got := prepare.StepOf(r.Err); got != tc.step {
+				t.Errorf("step %q, want %q", got, tc.step)
 			}
 			if got := e.Snapshot(t); got.String() != before.String() {
 				t.Fatalf("host changed:\n%s\nwant\n%s", got, before)

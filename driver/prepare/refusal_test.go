@@ -129,3 +129,43 @@ func assertUntouched(t *testing.T, e *preparetest.Env, s interface{ Snapshot() *
 		t.Errorf("checkpoint keeps %d claims", len(cp.Claims))
 	}
 }
+
+// igb clears an 82576 VF's rate limit only while the PF has carrier:
+// unprepare then fails saying so, keeps the claim, and a later unprepare
+// (link back) restores everything.
+func TestRestoreRefusedWithoutCarrier(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.I82576Host())
+	const dev = "vf-0000-01-10-2" // VF 1 of ens3
+	c := preparetest.Claim("ns", "capped", "uid-capped", []string{dev},
+		preparetest.Config(fromClaim, `{`+hdr+`,"vlan":7,"maxTxRateMbps":300}`))
+	e.AddClaim(t, c)
+	before := e.Snapshot(t)
+	s := e.NewState(t, nil)
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := e.Host.SetOperState("ens3", "down"); err != nil {
+		t.Fatal(err)
+	}
+	err := unprepareOne(t, s, c)
+	if err == nil {
+		t.Fatal("unprepare restored the rate without carrier")
+	}
+	for _, want := range []string{"restore VF link settings", "maxTxRateMbps 0: PF driver igb (82576, PF ens3) refused it (EINVAL)",
+		"PF ens3 is down now", "the next unprepare retries"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q\n  lacks %q", err, want)
+		}
+	}
+	if cp := s.Snapshot(); len(cp.Claims) != 1 {
+		t.Fatalf("checkpoint has %d claims, want the one still to undo", len(cp.Claims))
+	}
+	if err := e.Host.SetOperState("ens3", "up"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	assertUntouched(t, e, s, before)
+}

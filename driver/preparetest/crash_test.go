@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -37,6 +38,7 @@ const (
 	envCDIRoot   = "VFNET_CRASH_CDI"
 	envClaim     = "VFNET_CRASH_CLAIM"
 	envStepFile  = "VFNET_CRASH_STEPFILE"
+	envResets    = "VFNET_CRASH_RESETS"
 	crashExit    = 17
 )
 
@@ -49,6 +51,9 @@ func TestCrashHelper(t *testing.T) {
 	h, err := simhost.Open(os.Getenv(envHostRoot))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if os.Getenv(envResets) == "1" {
+		h.SetVFResets(crashResets)
 	}
 	data, err := os.ReadFile(os.Getenv(envClaim))
 	if err != nil {
@@ -102,6 +107,13 @@ func TestCrashHelper(t *testing.T) {
 	}
 }
 
+// crashResets are the VF resets of the reset-injecting runs: every MAC,
+// VLAN and trust change and every VF driver change puts the VF in reset for
+// a few milliseconds, in which the PF refuses settings with EBUSY (ice).
+// Prepare, unprepare and the rollback must ride them out at every crash
+// point. Real time: the child is another process.
+var crashResets = simhost.VFResets{Window: 3 * time.Millisecond}
+
 // crashClaim has two VFs and sets every link setting, so that prepare and
 // unprepare go through as many steps as they can.
 func crashClaim() *resourceapi.ResourceClaim {
@@ -114,7 +126,7 @@ func crashClaim() *resourceapi.ResourceClaim {
 
 // runChild runs mode in a child that exits at step crashAt. It returns the
 // step it crashed after, or "" when it finished without reaching crashAt.
-func runChild(t *testing.T, e *Env, mode string, crashAt int) string {
+func runChild(t *testing.T, e *Env, mode string, crashAt int, resets bool) string {
 	t.Helper()
 	claimFile := filepath.Join(e.Dir, "claim.json")
 	data, _ := json.Marshal(crashClaim())
@@ -128,8 +140,14 @@ func runChild(t *testing.T, e *Env, mode string, crashAt int) string {
 	cmd.Env = append(os.Environ(), envHelper+"=1", envCrashAt+"="+strconv.Itoa(crashAt), envMode+"="+mode,
 		envHostRoot+"="+e.Host.Root(), envPluginDir+"="+e.PluginDir, envCDIRoot+"="+e.CDIRoot,
 		envClaim+"="+claimFile, envStepFile+"="+stepFile)
+	if resets {
+		cmd.Env = append(cmd.Env, envResets+"=1")
+	}
 	out, err := cmd.CombinedOutput()
 	e.Reopen(t)
+	if resets {
+		e.Host.SetVFResets(crashResets)
+	}
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
@@ -174,58 +192,69 @@ func TestCrashAtEveryStep(t *testing.T) {
 		t.Fatal("prepare changed nothing")
 	}
 
-	for _, mode := range []string{"prepare", "unprepare", "prepare-failing"} {
-		thens := []string{"unprepare", "prepare"}
-		if raceEnabled {
-			// Children are separate processes, so the race detector adds
-			// nothing but ~20x run time; keep one continuation per mode.
-			thens = thens[:1]
-		}
-		for _, then := range thens {
-			t.Run(mode+"-then-"+then, func(t *testing.T) {
-				t.Parallel()
-				steps := 0
-				for n := 1; ; n++ {
-					e := NewEnv(t, FastDir(), simhost.E810Host())
-					e.AddClaim(t, crashClaim())
-					if mode == "unprepare" {
-						prepareClaim(t, e.NewState(t, nil), crashClaim())
-					}
-					step := runChild(t, e, mode, n)
-					if step == "" {
-						break // the child finished: every step was covered
-					}
-					steps++
-					// The restarted driver gets the kubelet's next call.
-					s := e.NewState(t, nil)
-					var want string
-					if then == "unprepare" {
-						unprepareClaim(t, s, crashClaim())
-						want = initial
-					} else {
-						prepareClaim(t, s, crashClaim())
-						want = prepared
-					}
-					if got := e.Snapshot(t).String(); got != want {
-						t.Fatalf("%s crashed after step %d (%s), then %s: host is\n%s\nwant\n%s", mode, n, step, then, got, want)
-					}
-					if then == "unprepare" {
-						if cp := s.Snapshot(); len(cp.Claims) != 0 {
-							t.Fatalf("%s crashed after step %d (%s): checkpoint keeps %v", mode, n, step, cp.Claims)
-						}
-					} else {
-						// And the claim can still be undone exactly.
-						unprepareClaim(t, s, crashClaim())
-						if got := e.Snapshot(t).String(); got != initial {
-							t.Fatalf("%s crashed after step %d (%s), prepared again, then unprepared: host is\n%s\nwant\n%s", mode, n, step, got, initial)
-						}
-					}
+	for _, resets := range []bool{false, true} {
+		for _, mode := range []string{"prepare", "unprepare", "prepare-failing"} {
+			thens := []string{"unprepare", "prepare"}
+			if raceEnabled || resets {
+				// Children are separate processes, so the race detector adds
+				// nothing but ~20x run time; keep one continuation per mode.
+				// With resets too: what they change is how each step's sets
+				// go, which both continuations exercise alike.
+				thens = thens[:1]
+			}
+			for _, then := range thens {
+				name := mode + "-then-" + then
+				if resets {
+					name += "-with-vf-resets"
 				}
-				if steps < 5 {
-					t.Fatalf("only %d crash points in %s", steps, mode)
-				}
-				t.Logf("%s: crashed after each of %d steps", mode, steps)
-			})
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					steps := 0
+					for n := 1; ; n++ {
+						e := NewEnv(t, FastDir(), simhost.E810Host())
+						if resets {
+							e.Host.SetVFResets(crashResets)
+						}
+						e.AddClaim(t, crashClaim())
+						if mode == "unprepare" {
+							prepareClaim(t, e.NewState(t, nil), crashClaim())
+						}
+						step := runChild(t, e, mode, n, resets)
+						if step == "" {
+							break // the child finished: every step was covered
+						}
+						steps++
+						// The restarted driver gets the kubelet's next call.
+						s := e.NewState(t, nil)
+						var want string
+						if then == "unprepare" {
+							unprepareClaim(t, s, crashClaim())
+							want = initial
+						} else {
+							prepareClaim(t, s, crashClaim())
+							want = prepared
+						}
+						if got := e.Snapshot(t).String(); got != want {
+							t.Fatalf("%s crashed after step %d (%s), then %s: host is\n%s\nwant\n%s", mode, n, step, then, got, want)
+						}
+						if then == "unprepare" {
+							if cp := s.Snapshot(); len(cp.Claims) != 0 {
+								t.Fatalf("%s crashed after step %d (%s): checkpoint keeps %v", mode, n, step, cp.Claims)
+							}
+						} else {
+							// And the claim can still be undone exactly.
+							unprepareClaim(t, s, crashClaim())
+							if got := e.Snapshot(t).String(); got != initial {
+								t.Fatalf("%s crashed after step %d (%s), prepared again, then unprepared: host is\n%s\nwant\n%s", mode, n, step, got, initial)
+							}
+						}
+					}
+					if steps < 5 {
+						t.Fatalf("only %d crash points in %s", steps, mode)
+					}
+					t.Logf("%s: crashed after each of %d steps", name, steps)
+				})
+			}
 		}
 	}
 }

@@ -293,3 +293,19 @@ func FastDir() string {
 func (e *Env) UseSimpleClient() {
 	e.Kube = fake.NewSimpleClientset() //nolint:staticcheck // the cheap tracker is the point here
 }
+
+// Reboot reboots the simulated node: the kernel starts fresh
+// (simhost.Host.Reboot) and the CDI directory, a tmpfs (/var/run/cdi), is
+// empty; the plugin directory on disk (checkpoint, metadata) survives.
+func (e *Env) Reboot(tb testing.TB) {
+	tb.Helper()
+	if err := e.Host.Reboot(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.RemoveAll(e.CDIRoot); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.MkdirAll(e.CDIRoot, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+}

@@ -37,7 +37,7 @@ func BenchmarkDiscoverAndBuildLargeHost(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pool := DriverResources("node", res.Devices).Pools["node"]
+		pool := DriverResources("node", res.Devices, nil).Pools["node"]
 		if len(pool.Slices) != 8 || len(res.Devices) != 1024 {
 			b.Fatalf("%d slices, %d devices", len(pool.Slices), len(res.Devices))
 		}
@@ -63,7 +63,7 @@ func BenchmarkBuildOnly(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = DriverResources("node", res.Devices)
+		_ = DriverResources("node", res.Devices, nil)
 	}
 }
 

@@ -1,9 +1,11 @@
 package slices
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -39,9 +42,14 @@ type LoopOptions struct {
 	// NoIOMMUMode and Holders feed discovery.Options (nil: off / unknown).
 	NoIOMMUMode func() bool
 	Holders     func(nodes []string) (map[string][]string, error)
-	Publisher   Publisher
+	// Resolve feeds discovery.Options: PF netdevs the VF link layer cannot
+	// find are not offered (nil: not checked).
+	Resolve   func(netdev string) error
+	Publisher Publisher
 	// OnScan, if set, sees every successful scan (the health monitor).
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
+	// OnPublish, if set, sees every successful publication (metrics).
+	OnPublish func(t time.Time)
 }
 
 // Loop rescans the host and republishes only when the offered devices or
@@ -57,14 +65,25 @@ type Loop struct {
 	cfg       *nodeconfig.Config
 	haveCfg   bool
 	published []discovery.Device
+	taints    Taints // of published, guarded by pubMu
 	didPub    bool
+	kick      chan struct{}
 	lastWhy   string
 	lastSkip  []discovery.Skipped
 	lastCfgEr string
 }
 
 // NewLoop returns a Loop; call Scan once at start-up, then Run.
-func NewLoop(opts LoopOptions) *Loop { return &Loop{opts: opts} }
+func NewLoop(opts LoopOptions) *Loop { return &Loop{opts: opts, kick: make(chan struct{}, 1)} }
+
+// Trigger asks Run for a rescan now (the health probe saw a PF change);
+// it never blocks.
+func (l *Loop) Trigger() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
 
 // Scan runs one discovery pass and publishes if anything changed. It
 // returns whether it published. A configuration error is returned while no
@@ -102,7 +121,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
-	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders}
+	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
 		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
 	}
@@ -118,26 +137,35 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	if l.opts.OnScan != nil {
 		l.opts.OnScan(pfs, res)
 	}
+	devices, taints := l.withUnhealthyPFs(pfs, res.Devices)
 	if !slices.Equal(res.Skipped, l.lastSkip) {
 		for _, s := range res.Skipped {
 			logger.Info("Not offering device", "address", s.Address, "reason", s.Reason)
 		}
 		l.lastSkip = res.Skipped
 	}
-	if l.didPub && sameDevices(l.published, res.Devices) {
+	if l.didPub && sameDevices(l.published, devices) && maps.Equal(l.taints, taints) {
+		if v := logger.V(4); v.Enabled() {
+			v.Info("Rescan changed nothing", "digest", Digest(DriverResources(l.opts.NodeName, l.published, l.taints)))
+		}
 		return false, nil
 	}
 	if res.Why != "" && res.Why != l.lastWhy {
 		logger.Info(res.Why)
 	}
 	l.lastWhy = res.Why
-	if err := l.opts.Publisher.PublishResources(ctx, DriverResources(l.opts.NodeName, res.Devices)); err != nil {
+	resources := DriverResources(l.opts.NodeName, devices, taints)
+	if err := l.opts.Publisher.PublishResources(ctx, resources); err != nil {
 		return false, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(res.Devices),
-		"slices", max(1, (len(res.Devices)+MaxDevicesPerSlice-1)/MaxDevicesPerSlice))
+	l.logTaintChanges(logger, devices, taints)
+	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(devices),
+		"tainted", len(taints), "slices", len(resources.Pools[l.opts.NodeName].Slices), "digest", Digest(resources))
+	if l.opts.OnPublish != nil {
+		l.opts.OnPublish(time.Now())
+	}
 	l.pubMu.Lock()
-	l.published = res.Devices
+	l.published, l.taints = devices, taints
 	l.pubMu.Unlock()
 	l.didPub = true
 	return true, nil
@@ -154,11 +182,78 @@ func (l *Loop) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := l.Scan(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				logger.Error(err, "Rescan failed, will retry", "interval", interval)
-			}
+		case <-l.kick:
+		}
+		if _, err := l.Scan(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error(err, "Rescan failed, will retry", "interval", interval)
 		}
 	}
+}
+
+// withUnhealthyPFs adds the taints of devices whose PF's link is down and
+// keeps publishing, tainted, the devices of PFs that vanished since they
+// were published. The result stays in discovery order.
+func (l *Loop) withUnhealthyPFs(pfs []sysfs.PF, found []discovery.Device) ([]discovery.Device, Taints) {
+	taints := PFTaints(pfs, found)
+	present := make(map[string]bool, len(pfs))
+	for i := range pfs {
+		present[pfs[i].Address] = true
+	}
+	var gone []discovery.Device
+	for _, d := range l.published {
+		if !present[d.PFAddress] {
+			gone = append(gone, d)
+			taints[d.Name] = health.PFGone
+		}
+	}
+	if len(gone) == 0 {
+		return found, taints
+	}
+	devices := append(slices.Clone(found), gone...)
+	slices.SortStableFunc(devices, func(a, b discovery.Device) int {
+		return cmp.Or(discovery.CompareBDF(a.PFAddress, b.PFAddress), cmp.Compare(a.VFIndex, b.VFIndex))
+	})
+	return devices, taints
+}
+
+// logTaintChanges logs, per PF, when its VFs get or lose the taint.
+func (l *Loop) logTaintChanges(logger klog.Logger, devices []discovery.Device, taints Taints) {
+	type pfTaint struct{ name, reason string }
+	byPF := func(devs []discovery.Device, t Taints) map[string]pfTaint {
+		out := map[string]pfTaint{}
+		for _, d := range devs {
+			if r, ok := t[d.Name]; ok {
+				out[d.PFAddress] = pfTaint{d.PFName, r}
+			}
+		}
+		return out
+	}
+	before, after := byPF(l.published, l.taints), byPF(devices, taints)
+	for pf, t := range after {
+		if before[pf] != t {
+			logger.Info("PF unhealthy: publishing its VFs with a NoSchedule taint; new claims get them only with a toleration",
+				"pf", pf, "pfName", t.name, "taint", TaintKey+"="+t.reason+":NoSchedule")
+		}
+	}
+	for pf, t := range before {
+		if _, ok := after[pf]; !ok {
+			logger.Info("PF healthy again: taint removed from its VFs", "pf", pf, "pfName", t.name)
+		}
+	}
+}
+
+// Tainted returns the number of published devices with the taint, by PF
+// address.
+func (l *Loop) Tainted() map[string]int {
+	l.pubMu.RLock()
+	defer l.pubMu.RUnlock()
+	out := map[string]int{}
+	for _, d := range l.published {
+		if _, ok := l.taints[d.Name]; ok {
+			out[d.PFAddress]++
+		}
+	}
+	return out
 }
 
 // Published returns the devices last published.

@@ -3,8 +3,16 @@
 //
 // Decisions:
 //   - One pool named after the node; devices in discovery order (PF PCI
-//     address, then VF index), cut into slices of at most 128. Slice order
+//     address, then VF index), cut into slices of at most 128 (64 for a
+//     slice holding a tainted device, the API server's limit). Slice order
 //     is allocation preference.
+//   - VFs of a PF whose link is down, or which disappeared, are published
+//     with the NoSchedule taint vfnet.io/pf-unhealthy (value link-down or
+//     gone): the scheduler allocates them only to claims that tolerate it.
+//     A vanished PF's VFs stay published, tainted, until it comes back or
+//     the driver restarts, so the reason is visible on the devices. The
+//     health probe (--health-interval) triggers a rescan when a PF's state
+//     changes, so a taint follows within that interval.
 //   - Every rescan (--rescan-interval) re-reads sysfs and the node
 //     configuration file, so a ConfigMap edit or a VF count change is
 //     published within one interval. Only a change of a published field
@@ -21,6 +29,9 @@
 package slices
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -28,27 +39,74 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
 // MaxDevicesPerSlice is the API server's limit for slices without taints or
 // counters; the resourceslice controller never splits slices itself.
-const MaxDevicesPerSlice = 128
+const MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevices
+
+// MaxTaintedDevicesPerSlice is the limit for a slice in which any device
+// has a taint.
+const MaxTaintedDevicesPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+
+// TaintKey marks the VFs of an unhealthy PF; its value is the PF's state
+// (health.PFLinkDown or health.PFGone).
+const TaintKey = "vfnet.io/pf-unhealthy"
+
+// Taints maps device names to the reason (taint value) their PF is
+// unhealthy; devices not in it are healthy.
+type Taints map[string]string
+
+// PFTaints returns the taints for devices whose PF in pfs has its link down.
+func PFTaints(pfs []sysfs.PF, devices []discovery.Device) Taints {
+	down := map[string]bool{}
+	for i := range pfs {
+		if health.PFState(&pfs[i]) == health.PFLinkDown {
+			down[pfs[i].Address] = true
+		}
+	}
+	taints := Taints{}
+	for _, d := range devices {
+		if down[d.PFAddress] {
+			taints[d.Name] = health.PFLinkDown
+		}
+	}
+	return taints
+}
 
 // Pool splits devices, already in preference order, into slices of at most
-// MaxDevicesPerSlice. Without devices it returns one empty slice: an empty
-// pool tells the scheduler the driver runs and has nothing, which "no pool"
-// does not.
-func Pool(devices []discovery.Device) resourceslice.Pool {
-	n := (len(devices) + MaxDevicesPerSlice - 1) / MaxDevicesPerSlice
-	pool := resourceslice.Pool{Slices: make([]resourceslice.Slice, 0, max(n, 1))}
-	for start := 0; start < len(devices); start += MaxDevicesPerSlice {
-		end := min(start+MaxDevicesPerSlice, len(devices))
-		out := make([]resourceapi.Device, 0, end-start)
-		for _, d := range devices[start:end] {
-			out = append(out, d.ResourceDevice())
+// MaxDevicesPerSlice, or MaxTaintedDevicesPerSlice once a slice holds a
+// tainted device. Without devices it returns one empty slice: an empty pool
+// tells the scheduler the driver runs and has nothing, which "no pool" does
+// not.
+func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
+	pool := resourceslice.Pool{}
+	var cur []resourceapi.Device
+	curTainted := false
+	flush := func() {
+		if len(cur) > 0 {
+			pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: cur})
 		}
-		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: out})
+		cur, curTainted = nil, false
 	}
+	for _, d := range devices {
+		reason, tainted := taints[d.Name]
+		if len(cur) == MaxDevicesPerSlice || len(cur) >= MaxTaintedDevicesPerSlice && (curTainted || tainted) {
+			flush()
+		}
+		if cur == nil {
+			cur = make([]resourceapi.Device, 0, min(len(devices), MaxDevicesPerSlice))
+		}
+		rd := d.ResourceDevice()
+		if tainted {
+			rd.Taints = []resourceapi.DeviceTaint{{Key: TaintKey, Value: reason, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+			curTainted = true
+		}
+		cur = append(cur, rd)
+	}
+	flush()
 	if len(pool.Slices) == 0 {
 		pool.Slices = append(pool.Slices, resourceslice.Slice{})
 	}
@@ -56,8 +114,22 @@ func Pool(devices []discovery.Device) resourceslice.Pool {
 }
 
 // DriverResources returns the single pool, named after the node.
-func DriverResources(nodeName string, devices []discovery.Device) resourceslice.DriverResources {
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: Pool(devices)}}
+func DriverResources(nodeName string, devices []discovery.Device, taints Taints) resourceslice.DriverResources {
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: Pool(devices, taints)}}
+}
+
+// Digest is a short hash of what resources publishes. Two driver instances
+// serving one node during a rolling update log it with every publish: equal
+// digests mean they publish identical slices (they share the pool, so
+// different content would make their controllers overwrite each other).
+func Digest(resources resourceslice.DriverResources) string {
+	// encoding/json sorts map keys, so equal content encodes equally.
+	b, err := json.Marshal(resources.Pools)
+	if err != nil {
+		return "unencodable: " + err.Error()
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 // ResourceSlices renders resources the way the resourceslice controller

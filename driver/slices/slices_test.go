@@ -8,12 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 func devices(n int) []discovery.Device {
@@ -29,7 +31,7 @@ func devices(n int) []discovery.Device {
 func TestPoolSplits(t *testing.T) {
 	t.Parallel()
 	for n, want := range map[int][]int{0: {0}, 1: {1}, 128: {128}, 129: {128, 1}, 1024: {128, 128, 128, 128, 128, 128, 128, 128}} {
-		pool := Pool(devices(n))
+		pool := Pool(devices(n), nil)
 		var got []int
 		for _, s := range pool.Slices {
 			got = append(got, len(s.Devices))
@@ -46,7 +48,7 @@ func TestPoolSplits(t *testing.T) {
 
 func TestResourceSlices(t *testing.T) {
 	t.Parallel()
-	res := DriverResources("node-1", devices(300))
+	res := DriverResources("node-1", devices(300), nil)
 	out := ResourceSlices(discovery.DriverName, "node-1", res)
 	if len(out) != 3 {
 		t.Fatalf("%d slices", len(out))
@@ -139,22 +141,110 @@ func TestLoopRepublishesOnlyOnChange(t *testing.T) {
 	cfgErr = errors.New("node.yaml: pfs[0].network: bad")
 	step("invalid config keeps the last good one", false, 6)
 	cfgErr = nil
+	// A PF whose link is down keeps its VFs published, with the taint.
 	disc.pfs[0].OperState = "down"
-	step("link state is health, not a slice change", false, 6)
+	step("link down taints", true, 6)
+	checkTaints(t, pub, 6, "link-down")
+	step("still down", false, 6)
+	disc.pfs[0].OperState = "up"
+	step("link up lifts the taint", true, 6)
+	checkTaints(t, pub, 0, "")
+	// A vanished PF's VFs stay published, tainted, until it comes back.
 	disc.pfs = nil
-	step("PF removed", true, 0)
-	if len(pub.published[len(pub.published)-1].Pools["n"].Slices) != 1 {
-		t.Fatal("an empty pool must still have one (empty) slice")
+	step("PF removed", true, 6)
+	checkTaints(t, pub, 6, "gone")
+	step("still gone", false, 6)
+	if got := l.Tainted(); got["0000:3b:00.0"] != 6 {
+		t.Errorf("Tainted() = %v", got)
 	}
+	disc.pfs = []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 6)}
+	step("PF back", true, 6)
+	checkTaints(t, pub, 0, "")
 	disc.err = errors.New("read failed")
 	if _, err := l.Scan(ctx); err == nil || !strings.Contains(err.Error(), "read failed") {
 		t.Fatalf("discovery error = %v", err)
 	}
-	if scans != 8 {
-		t.Fatalf("OnScan called %d times, want 8", scans)
+	if scans != 12 {
+		t.Fatalf("OnScan called %d times, want 12", scans)
 	}
-	if len(pub.published) != 4 {
-		t.Fatalf("%d publishes, want 4", len(pub.published))
+	if len(pub.published) != 7 {
+		t.Fatalf("%d publishes, want 7", len(pub.published))
+	}
+}
+
+// checkTaints: the last publication has n devices with the vfnet taint
+// (NoSchedule, value reason) and no other taints.
+func checkTaints(t *testing.T, pub *recorder, n int, reason string) {
+	t.Helper()
+	got := 0
+	for _, s := range pub.published[len(pub.published)-1].Pools["n"].Slices {
+		for _, d := range s.Devices {
+			for _, taint := range d.Taints {
+				if taint.Key != TaintKey || taint.Value != reason || taint.Effect != resourceapi.DeviceTaintEffectNoSchedule || len(d.Taints) != 1 {
+					t.Fatalf("device %s taints %+v, want one %s=%s:NoSchedule", d.Name, d.Taints, TaintKey, reason)
+				}
+				got++
+			}
+		}
+	}
+	if got != n {
+		t.Fatalf("%d tainted devices, want %d", got, n)
+	}
+}
+
+// TestPoolTaintedSlicesHoldAtMost64 checks the API server's limit: a slice
+// with a tainted device holds at most 64 devices, others up to 128; order
+// is kept.
+func TestPoolTaintedSlicesHoldAtMost64(t *testing.T) {
+	t.Parallel()
+	devs := make([]discovery.Device, 300)
+	for i := range devs {
+		addr := fmt.Sprintf("0000:%02x:%02x.%d", 0x3b+i/256, (i/8)%32, i%8)
+		name, err := discovery.DeviceName(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs[i] = discovery.Device{Name: name, Address: addr, VFIndex: i, PFAddress: "0000:3a:00.0", Network: "n", NUMANode: -1}
+	}
+	taint := func(from, to int) Taints {
+		out := Taints{}
+		for i := from; i < to; i++ {
+			out[devs[i].Name] = "link-down"
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		taints Taints
+		want   []int
+	}{
+		{"none", nil, []int{128, 128, 44}},
+		{"all", taint(0, 300), []int{64, 64, 64, 64, 44}},
+		// A tainted run closes slices at 64, the untainted rest goes on at 128.
+		{"first PF's 100", taint(0, 100), []int{64, 64, 128, 44}},
+		{"one in the middle", taint(150, 151), []int{128, 64, 108}},
+		{"last", taint(299, 300), []int{128, 128, 44}},
+	} {
+		pool := Pool(devs, tc.taints)
+		var got []int
+		i := 0
+		for _, s := range pool.Slices {
+			got = append(got, len(s.Devices))
+			tainted := false
+			for _, d := range s.Devices {
+				if d.Name != devs[i].Name {
+					t.Fatalf("%s: device %d is %s, want %s", tc.name, i, d.Name, devs[i].Name)
+				}
+				i++
+				tainted = tainted || len(d.Taints) > 0
+			}
+			if tainted && len(s.Devices) > 64 || len(s.Devices) > 128 {
+				t.Errorf("%s: slice of %d devices (tainted %v)", tc.name, len(s.Devices), tainted)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: slices %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -204,5 +294,46 @@ func TestPublishedDuringScan(t *testing.T) {
 	}
 	if calls != 1 || len(l.Published()) != 2 {
 		t.Fatalf("Owned called %d times, %d devices published", calls, len(l.Published()))
+	}
+}
+
+// Two instances building the same devices log the same digest; any
+// published difference changes it.
+func TestDigest(t *testing.T) {
+	t.Parallel()
+	devs := func(network string) []discovery.Device {
+		return []discovery.Device{{Name: "vf-0000-3b-02-1", Address: "0000:3b:02.1", PFName: "enp59s0f0", PFAddress: "0000:3b:00.0", VFIndex: 1, Network: network, NUMANode: 0}}
+	}
+	a, b := Digest(DriverResources("n", devs("physnet-a"), nil)), Digest(DriverResources("n", devs("physnet-a"), nil))
+	if a != b || len(a) != 16 {
+		t.Fatalf("digests %q and %q of equal content", a, b)
+	}
+	if c := Digest(DriverResources("n", devs("physnet-b"), nil)); c == a {
+		t.Fatalf("digest %q unchanged by a different network", c)
+	}
+}
+
+// The loop asks the link layer for each PF netdev: a driver that cannot
+// find them (wrong network namespace) publishes no devices, and one that
+// finds them again publishes them.
+func TestLoopWithholdsUnresolvablePFs(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	disc := &fakeDiscoverer{pfs: []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 4)}}
+	pub := &recorder{}
+	resolveErr := error(&vflink.LinkNotFoundError{Name: "ens1", Netns: "/proc/1/ns/net"})
+	var asked []string
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub,
+		LoadConfig: func() (*nodeconfig.Config, error) { return cfg(t, "a"), nil },
+		Resolve:    func(nd string) error { asked = append(asked, nd); return resolveErr }})
+	if _, err := l.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.lastDevices("n"); got != 0 || len(l.Published()) != 0 || strings.Join(asked, ",") != "ens1" {
+		t.Fatalf("unresolvable PF: %d devices published, asked %v", got, asked)
+	}
+	resolveErr = nil
+	if changed, err := l.Scan(ctx); err != nil || !changed || pub.lastDevices("n") != 4 {
+		t.Fatalf("resolvable again: changed %v, %d devices, %v", changed, pub.lastDevices("n"), err)
 	}
 }

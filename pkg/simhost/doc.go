@@ -29,7 +29,10 @@
 // Root ports are bound to pcieport. RenameNetdev renames like `ip link set
 // name` (EBUSY while up; a PF's VF settings follow it). ProcRoot is an empty
 // synthetic /proc; HoldVFIOGroup adds a process holding /dev/vfio/<group>
-// open (<proc>/<pid>/fd/<n> -> the node, <pid>/comm).
+// open (<proc>/<pid>/fd/<n> -> the node, <pid>/comm). Reboot restarts the
+// kernel from the host as built (boot drivers, VFs, names and groups; no
+// overrides, new_id entries, VF settings, /dev/vfio group nodes or group
+// holders); files outside the simulation, such as a checkpoint, survive.
 //
 // Fixtures: E810PF, ConnectX6DxPF, ConnectX6DxIBPF, I350PF, PlainNIC build
 // PFSpecs; E810Host, ConnectX6DxHost, I350Host, MixedHost (every case on
@@ -80,10 +83,30 @@
 // BCM57414PF; I82576Host ("igb82576") and PFDriverHost ("pfdrivers", one
 // PF of each) are whole hosts.
 //
+// Links (the VF settings through the PF) models the PF's view of a VF's MAC:
+// a VF nobody set a MAC for reads 00:00:00:00:00:00; a VF driver bound
+// later (bind, drivers_probe, new_id) reports the MAC it chose for itself,
+// which the PF then shows until the driver lets go or an administrator sets
+// one (Host.VFState shows only the administrative settings). SetVFResets
+// (with WithClock) adds VF reset windows: MAC, VLAN and trust changes and VF
+// driver changes reset the VF, and settings meanwhile fail EBUSY (EAGAIN on
+// i40e), as Intel's PF drivers answer.
+//
+// Network namespaces: every netdev is in the host's, named by the file
+// HostNetns() (<proc root>/1/ns/net); AddNetns makes others (only lo).
+// Links() is the VF link layer in the host's namespace, LinksAt(file) the
+// one vflink.Open(file) would give: a netdev outside its namespace is a
+// *vflink.LinkNotFoundError. VF reads run vflink.Reader over a simulated
+// rtnetlink socket (Links.Conn) whose RTM_NEWLINK replies have the
+// kernel's layout and sizes: IFLA_EXT_MASK selects the VF list and per-VF
+// statistics (296 bytes per VF with them, 196 without), nest lengths are
+// 16 bits and wrap above 65535 bytes, and a reply is one datagram that a
+// short receive buffer cuts (MSG_TRUNC semantics).
+//
 // FailWrite and SetWriteHook inject failures; Links.Fail does so for the
 // VF link layer. All injection is per Host, and every method is safe for
-// concurrent use. State lives in the tree (.simhost/host.json and
-// .simhost/vflinks.json), so Open(root) in another process continues the
+// concurrent use. State lives in the tree (.simhost/host.json,
+// .simhost/vflinks.json and .simhost/vfruntime.json), so Open(root) in another process continues the
 // same simulation; calls from several processes are serialised with flock
 // on .simhost/lock, and each call re-reads what another process changed.
 //
@@ -93,7 +116,9 @@
 // call from any process completes an interrupted one (its effects are
 // idempotent; TestInterruptedOperationsComplete stops every operation after
 // each of its effects and compares with an uninterrupted run). Not modelled:
-// power loss (no fsync), a /dev/vfio node whose delay timer died with its
-// process (it never appears), a VF netdev address update racing a crash.
-// The /dev/vfio nodes are regular files.
+// power loss (no fsync), a VF netdev address update racing a crash. A
+// /dev/vfio node whose delay timer died with its process appears after the
+// next Open (which, like udev, creates missing nodes of vfio-bound groups).
+// The /dev/vfio nodes are regular files, or with WithCharDevNodes character
+// devices with the kernel's numbers (for a container runtime applying CDI).
 package simhost

@@ -16,6 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
+
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
@@ -29,8 +32,14 @@ type persisted struct {
 	DevRoot string `json:"devRoot"`
 	// VFIODevDelay delays /dev/vfio/<group> after a vfio-pci bind (udev).
 	VFIODevDelay time.Duration `json:"vfioDevDelay,omitempty"`
+	// CharDevNodes makes the /dev/vfio nodes character devices (mknod)
+	// instead of regular files.
+	CharDevNodes bool `json:"charDevNodes,omitempty"`
 	// DynIDs are IDs added through new_id, per driver ("8086 1889").
 	DynIDs map[string][]string `json:"dynIDs,omitempty"`
+	// Boot is the spec as built: what Reboot restores (Spec follows
+	// netdev renames, which do not survive a reboot).
+	Boot *Spec `json:"boot,omitempty"`
 }
 
 // Option changes how a Host is built or opened.
@@ -39,6 +48,8 @@ type Option func(*options)
 type options struct {
 	vfioDelay *time.Duration
 	devRoot   string
+	clock     clock.PassiveClock
+	charDevs  bool
 }
 
 // WithVFIODevDelay makes /dev/vfio/<group> appear d after the vfio-pci bind
@@ -53,6 +64,22 @@ func WithVFIODevDelay(d time.Duration) Option {
 // the sysfs root (Build), or makes a reopened host use dir (Open; the
 // choice is not stored).
 func WithDevRoot(dir string) Option { return func(o *options) { o.devRoot = dir } }
+
+// WithCharDevNodes makes the /dev/vfio nodes character devices, as the
+// kernel's are (vfio/vfio is 10:196, a group node 240:<group number>, the
+// major vfio allocates dynamically on a real host), instead of regular
+// files. A container runtime applying a CDI spec that names them needs
+// this: it copies the node's type and numbers into the container. Needs
+// CAP_MKNOD. Stored in the tree (Build only), so a driver reopening the host
+// keeps it.
+func WithCharDevNodes() Option { return func(o *options) { o.charDevs = true } }
+
+// VFIO device numbers of the simulated nodes (WithCharDevNodes).
+const (
+	VFIOContainerMajor = 10
+	VFIOContainerMinor = 196
+	VFIOGroupMajor     = 240
+)
 
 // Host is a built synthetic host: a sysfs tree, a /dev tree, the simulated
 // kernel that applies attribute writes to them and the simulated VF link
@@ -72,8 +99,14 @@ type Host struct {
 	links  *Links
 	closed bool
 	stamp  fileStamp // of host.json as last read or written
+	// delayPinned: this process was opened WithVFIODevDelay, so another
+	// process's SetVFIODevDelay does not change its delay.
+	delayPinned bool
 	// building is set while Build lays out the tree: no delayed nodes.
 	building bool
+	// clock dates VF resets; resets says how long they last (SetVFResets).
+	clock  clock.PassiveClock
+	resets VFResets
 }
 
 // fileStamp identifies a version of a file replaced by rename.
@@ -109,6 +142,9 @@ func (h *Host) reloadState() {
 	}
 	h.st.DynIDs = st.DynIDs
 	h.st.Spec.PFs = st.Spec.PFs // netdev renames
+	if !h.delayPinned {
+		h.st.VFIODevDelay = st.VFIODevDelay
+	}
 	h.index()
 	h.stamp = stampOf(h.statePath())
 }
@@ -138,13 +174,20 @@ func Build(dir string, spec Spec, opts ...Option) (*Host, error) {
 			return nil, fmt.Errorf("build synthetic host: %s is not empty; use Open to continue an existing host", d)
 		}
 	}
-	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot}
+	boot, err := cloneSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	st := persisted{Version: stateVersion, Spec: spec, DevRoot: devRoot, CharDevNodes: o.charDevs, Boot: &boot}
 	if o.vfioDelay != nil {
 		st.VFIODevDelay = *o.vfioDelay
 	}
 	h, err := newHost(root, st)
 	if err != nil {
 		return nil, err
+	}
+	if o.clock != nil {
+		h.clock = o.clock
 	}
 	h.building = true
 	err = h.build()
@@ -190,9 +233,7 @@ func Open(root string, opts ...Option) (*Host, error) {
 		if err := os.MkdirAll(filepath.Join(o.devRoot, "vfio"), 0o755); err != nil {
 			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
 		}
-		if f, err := os.OpenFile(filepath.Join(o.devRoot, "vfio", "vfio"), os.O_CREATE|os.O_WRONLY, 0o666); err == nil {
-			f.Close()
-		} else {
+		if err := makeDevNode(filepath.Join(o.devRoot, "vfio", "vfio"), st.CharDevNodes, VFIOContainerMajor, VFIOContainerMinor, 0o666); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("open simulated host: dev root: %w", err)
 		}
 	}
@@ -200,13 +241,21 @@ func Open(root string, opts ...Option) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.clock != nil {
+		h.clock = o.clock
+	}
 	h.stamp = stampOf(p)
+	h.delayPinned = o.vfioDelay != nil
+	if err := h.coldplug(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("open simulated host: %w", err)
+	}
 	return h, nil
 }
 
 func newHost(root string, st persisted) (*Host, error) {
 	h := &Host{t: tree{root: root}, devRoot: st.DevRoot, st: st, lockFD: -1,
-		timers: map[string]*time.Timer{}}
+		timers: map[string]*time.Timer{}, clock: clock.RealClock{}}
 	h.index()
 	if err := os.MkdirAll(filepath.Join(root, stateDir), 0o755); err != nil {
 		return nil, err
@@ -217,7 +266,10 @@ func newHost(root string, st persisted) (*Host, error) {
 	}
 	h.lockFD = fd
 	h.kernel = &Kernel{h: h}
-	h.links = &Links{h: h}
+	h.links = &Links{h: h, netns: h.HostNetns(), nsID: hostNetnsID}
+	if err := h.ensureHostNetns(); err != nil {
+		return nil, fmt.Errorf("simulated host network namespace: %w", err)
+	}
 	return h, nil
 }
 
@@ -284,7 +336,8 @@ func (h *Host) DevRoot() string { return h.devRoot }
 // Kernel is the simulated kernel: a sysfs.Writer over this host.
 func (h *Host) Kernel() *Kernel { return h.kernel }
 
-// Links is the simulated VF link layer (vflink.Links) over this host.
+// Links is the simulated VF link layer (vflink.Links) in the host's
+// network namespace (LinksAt(HostNetns())).
 func (h *Host) Links() *Links { return h.links }
 
 // Sysfs is a reader over this host's tree.
@@ -483,7 +536,7 @@ func (h *Host) build() error {
 	if err := os.MkdirAll(filepath.Join(h.devRoot, "vfio"), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(h.devRoot, "vfio", "vfio"), nil, 0o666); err != nil {
+	if err := makeDevNode(filepath.Join(h.devRoot, "vfio", "vfio"), h.st.CharDevNodes, VFIOContainerMajor, VFIOContainerMinor, 0o666); err != nil {
 		return err
 	}
 	// An empty /proc: no process holds anything open until HoldVFIOGroup.
@@ -1013,7 +1066,7 @@ func (h *Host) scheduleDevNode(group, node string) error {
 	// At build time udev has long run: the node is there at once.
 	if h.st.VFIODevDelay <= 0 || h.building {
 		h.t.step()
-		return os.WriteFile(p, nil, 0o600)
+		return h.makeGroupNode(p, group)
 	}
 	if _, pending := h.timers[group]; pending {
 		return nil
@@ -1026,10 +1079,81 @@ func (h *Host) scheduleDevNode(group, node string) error {
 		}
 		delete(h.timers, group)
 		if h.groupHasVFIO(group, "") {
-			_ = os.WriteFile(p, nil, 0o600)
+			_ = h.makeGroupNode(p, group)
 		}
 	})
 	return nil
+}
+
+// makeGroupNode creates /dev/vfio/<node> for IOMMU group number group,
+// owned by root and 0600 as udev leaves it.
+func (h *Host) makeGroupNode(p, group string) error {
+	n, err := strconv.Atoi(group)
+	if err != nil {
+		return fmt.Errorf("vfio group node %s: group %q is not a number", p, group)
+	}
+	if err := makeDevNode(p, h.st.CharDevNodes, VFIOGroupMajor, uint32(n), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// makeDevNode creates a character device (charDev) or an empty regular file
+// at p; an existing node is fs.ErrExist.
+func makeDevNode(p string, charDev bool, major, minor uint32, perm uint32) error {
+	if !charDev {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(perm))
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	}
+	if err := unix.Mknod(p, unix.S_IFCHR|perm, int(unix.Mkdev(major, minor))); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return &os.PathError{Op: "mknod", Path: p, Err: fs.ErrExist}
+		}
+		return fmt.Errorf("mknod %s (simulated vfio node, needs CAP_MKNOD): %w", p, err)
+	}
+	// mknod applies the umask.
+	return unix.Chmod(p, perm)
+}
+
+// coldplug creates the /dev/vfio node of every group with a member on
+// vfio-pci that has none (after the configured delay), as udev does for
+// events it has not handled yet: a process that died with a node pending
+// (a driver killed while it waited for it) does not leave it missing for
+// good.
+func (h *Host) coldplug() error {
+	unlock := h.lock()
+	defer unlock()
+	ents, err := os.ReadDir(h.t.abs(iommuDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range ents {
+		g := e.Name()
+		if _, err := strconv.Atoi(g); err != nil || !h.groupHasVFIO(g, "") {
+			continue
+		}
+		node := g
+		if name, err := h.t.read(iommuDir + "/" + g + "/name"); err == nil && name == sysfs.NoIOMMUGroupName {
+			node = "noiommu-" + g
+		}
+		if err := h.scheduleDevNode(g, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetVFIODevDelay changes the delay of /dev/vfio nodes for every process
+// using this host (stored in the tree; processes opened WithVFIODevDelay
+// keep theirs). Nodes already pending keep their timers.
+func (h *Host) SetVFIODevDelay(d time.Duration) error {
+	unlock := h.lock()
+	defer unlock()
+	h.st.VFIODevDelay = d
+	return h.saveState()
 }
 
 // groupHasVFIO reports whether a member of group other than except is bound

@@ -109,9 +109,15 @@ func (h *Host) collectGroups() error {
 func (h *Host) apply(in intent) error {
 	switch in.Op {
 	case opProbe:
-		return h.probe(in.Drv, in.BDF, in.Dir)
+		if err := h.probe(in.Drv, in.BDF, in.Dir); err != nil {
+			return err
+		}
+		return h.vfDriverProbed(in.Drv, in.BDF, in.Dir)
 	case opRelease:
-		return h.release(in.Drv, in.BDF, in.Dir)
+		if err := h.release(in.Drv, in.BDF, in.Dir); err != nil {
+			return err
+		}
+		return h.vfDriverReleased(in.BDF)
 	case opNumVFs:
 		pf := h.pfs[in.BDF]
 		if pf == nil {

@@ -528,6 +528,9 @@ func (h *Host) disableVFs(pf *PFSpec, pfDir string) error {
 				return err
 			}
 		}
+		if err := h.forgetRuntime(bdf); err != nil {
+			return err
+		}
 		if err := h.t.remove(pfDir + "/virtfn" + strconv.Itoa(i)); err != nil {
 			return err
 		}

@@ -6,11 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -700,6 +703,44 @@ func TestBuildLeavesSpecAlone(t *testing.T) {
 	}
 }
 
+// TestCharDevNodes: with WithCharDevNodes the vfio nodes are character
+// devices with the kernel's numbers, also for a process that reopens the
+// host (the driver) and for a dev root given at Open; unbind removes them.
+func TestCharDevNodes(t *testing.T) {
+	t.Parallel()
+	if err := unix.Mknod(filepath.Join(TempDir(t), "probe"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("mknod not permitted here (needs CAP_MKNOD): %v", err)
+	}
+	h := build(t, E810Host(), WithCharDevNodes())
+	wantChar := func(p string, major, minor uint32, perm os.FileMode) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != major || unix.Minor(uint64(st.Rdev)) != minor || os.FileMode(st.Mode&0o777) != perm {
+			t.Fatalf("%s: mode %o rdev %d:%d, want char device %d:%d mode %o", p, st.Mode, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), major, minor, perm)
+		}
+	}
+	wantChar(filepath.Join(h.DevRoot(), "vfio", "vfio"), VFIOContainerMajor, VFIOContainerMinor, 0o666)
+	dev := filepath.Join(TempDir(t), "dev")
+	h2, err := Open(h.Root(), WithDevRoot(dev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	wantChar(filepath.Join(dev, "vfio", "vfio"), VFIOContainerMajor, VFIOContainerMinor, 0o666)
+	const vf = "0000:3b:02.0"
+	toVFIO(t, h2, vf, "iavf")
+	g := fn(t, h2, vf).IOMMUGroup
+	n, _ := strconv.Atoi(g)
+	wantChar(filepath.Join(dev, "vfio", g), VFIOGroupMajor, uint32(n), 0o600)
+	write(t, h2, "bus/pci/drivers/vfio-pci/unbind", vf)
+	if exists(filepath.Join(dev, "vfio", g)) {
+		t.Fatalf("group node %s left after unbind", g)
+	}
+}
+
 // With the PF's sriov_drivers_autoprobe at 0, the kernel probes a VF only
 // when its driver_override is set (pci_device_can_probe): an explicit bind
 // is ENODEV, drivers_probe and new_id bind nothing. Seen on 6.1 and 6.12.
@@ -726,5 +767,40 @@ func TestAutoprobeOffNeedsOverride(t *testing.T) {
 	write(t, h, "bus/pci/drivers/iavf/bind", vf)
 	if f := fn(t, h, vf); f.Driver != "iavf" {
 		t.Fatalf("bind with autoprobe on: driver %q", f.Driver)
+	}
+}
+
+// TestPendingNodeSurvivesItsProcess: a bind whose /dev/vfio node was still
+// pending when its process went away (Close stands in for a SIGKILL: the
+// timer is gone) gets the node from the next Open, as udev would create it
+// anyway. SetVFIODevDelay reaches a process that has the host open.
+func TestPendingNodeSurvivesItsProcess(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	other, err := Open(h.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := h.SetVFIODevDelay(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	const vf = "0000:3b:02.0"
+	toVFIO(t, other, vf, "iavf") // other picks up the hour from the tree
+	node := filepath.Join(h.DevRoot(), "vfio", fn(t, other, vf).IOMMUGroup)
+	if exists(node) {
+		t.Fatal("node created at once despite the delay set by another process")
+	}
+	other.Close()
+	if err := h.SetVFIODevDelay(0); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(h.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if !exists(node) {
+		t.Fatal("node still missing after reopening the host")
 	}
 }

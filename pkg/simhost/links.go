@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,8 +25,16 @@ import (
 // a time; calls from several processes are still serialised by flock.
 //
 // Modelled kernel behaviour:
+//   - netdevs are looked up in the namespace the link layer was opened on
+//     (Host.Links: the host's; Host.LinksAt: any): a netdev that is not
+//     there fails with *vflink.LinkNotFoundError (ENODEV);
 //   - the PF is looked up by netdev name (class/net/<pf>, and it must be an
 //     SR-IOV PF): otherwise ENODEV; a VF index >= sriov_numvfs is EINVAL;
+//   - VF reads go through vflink.Reader over a simulated rtnetlink socket
+//     (rtnl.go): the kernel's RTM_NEWLINK reply is built byte for byte as
+//     rtnl_fill_ifinfo lays it out, honouring IFLA_EXT_MASK (VF list,
+//     per-VF statistics), with 16-bit nest lengths that wrap, and is
+//     delivered as one datagram that a short receive buffer cuts;
 //   - the kernel's field widths: VLAN, qos and the rates cross netlink as
 //     u32 (a value past 32 bits arrives cut to its low 32 bits, a negative
 //     one wrapped); VLAN above 4095 (12 bits), qos above 7 (3 bits), qos
@@ -38,12 +47,25 @@ import (
 //   - an InfiniBand PF (netdev type 32, IPoIB) supports only reading VFs and
 //     the link state; the other setters fail with EOPNOTSUPP.
 //
+// The PF shows the MAC a VF driver chose for itself while no MAC is set
+// administratively: a VF driver (iavf, igbvf, ...) bound by an explicit
+// bind, drivers_probe or new_id reports its netdev's address to the PF,
+// and the PF forgets it when the driver lets go (function reset) or an
+// administrator sets a MAC. Host.VFState shows the administrative state
+// only. With SetVFResets, MAC, VLAN and trust changes and VF driver
+// changes put the VF in reset for a while; settings made meanwhile fail
+// with EBUSY (EAGAIN on i40e), as Intel's PF drivers answer.
+//
 // A VF nobody configured reads as the kernel shows it after SR-IOV enable:
 // MAC 00:00:00:00:00:00, VLAN 0, qos 0, 802.1Q, spoofchk on, trust off,
 // link auto, no rate limits. Disabling SR-IOV on the PF forgets the settings.
 // Setting a MAC also changes the address of the VF's netdev, if it has one.
 type Links struct {
-	h     *Host
+	h *Host
+	// netns is the namespace file this link layer was opened on, nsID
+	// the namespace's identity (see LinksAt).
+	netns, nsID string
+
 	fails []failRule
 	cache struct {
 		ino, size, mtime int64
@@ -166,8 +188,8 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 	}
 	t := l.h.t
 	nd, err := t.readlink(classNet + "/" + pf)
-	if pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
-		return "", syscall.ENODEV
+	if !l.inHostNetns() || pf == "" || strings.ContainsRune(pf, '/') || err != nil || !t.exists(nd) {
+		return "", l.notFound(pf)
 	}
 	pfDir = nd[:strings.LastIndex(nd, "/net/")]
 	n, err := t.read(pfDir + "/sriov_numvfs")
@@ -179,6 +201,12 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 	if vf < 0 || vf >= num {
 		return "", syscall.EINVAL
 	}
+	if op != OpVF && op != "" {
+		drv, _ := t.readlink(pfDir + "/driver")
+		if err := l.h.inReset(l.h.vfAddr(pfDir, vf), path.Base(drv)); err != nil {
+			return "", err
+		}
+	}
 	if op != OpVF && op != OpSetLinkState && op != "" {
 		// IPoIB netdevs only offer VF link state and GUIDs
 		// (ipoib_netdev_ops_pf): MAC, VLAN, spoofchk, trust and rate are
@@ -188,6 +216,21 @@ func (l *Links) check(op, pf string, vf int) (pfDir string, err error) {
 		}
 	}
 	return pfDir, nil
+}
+
+// reported is VF vf of the PF at pfDir (netdev pf) as the PF reports it:
+// its administrative settings, and while no MAC is set administratively,
+// the MAC the VF's own driver chose (rt: the runtime state, loadRuntime;
+// caller holds the lock).
+func (l *Links) reported(m map[string]vflink.VFState, rt map[string]vfRuntime, pf, pfDir string, vf int) vflink.VFState {
+	st := l.get(m, pf, vf)
+	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
+	if isZeroMAC(st.MAC) && len(rt) > 0 {
+		if own := rt[l.h.vfAddr(pfDir, vf)].OwnMAC; own != nil {
+			st.MAC = append(net.HardwareAddr(nil), own...)
+		}
+	}
+	return st
 }
 
 func (l *Links) get(m map[string]vflink.VFState, pf string, vf int) vflink.VFState {
@@ -214,23 +257,67 @@ func (l *Links) update(op, pf string, vf int, fn func(st *vflink.VFState, pfDir 
 		return fmt.Errorf("simulated %s on %s vf %d: %w", op, pf, vf, err)
 	}
 	m[key(pf, vf)] = st
-	return l.save(m)
+	if err := l.save(m); err != nil {
+		return err
+	}
+	switch op {
+	case OpSetMAC, OpSetVLAN, OpSetTrust:
+		// i40e and ice reset the VF to apply these.
+		return l.h.startReset(l.h.vfAddr(pfDir, vf))
+	}
+	return nil
 }
 
-// VF implements vflink.Links.
+// VF implements vflink.Links: vflink's own reader asks the simulated
+// kernel over a simulated rtnetlink socket.
 func (l *Links) VF(pf string, vf int) (vflink.VFState, error) {
 	unlock := l.h.lock()
 	defer unlock()
-	if _, err := l.check(OpVF, pf, vf); err != nil {
+	st, err := l.reader().VF(pf, vf)
+	if err != nil {
 		return vflink.VFState{}, fmt.Errorf("simulated VF read on %s vf %d: %w", pf, vf, err)
 	}
-	m, err := l.load()
-	if err != nil {
-		return vflink.VFState{}, err
-	}
-	st := l.get(m, pf, vf)
-	st.MAC = append(net.HardwareAddr(nil), st.MAC...)
 	return st, nil
+}
+
+// VFs reads every VF of pf in one request, as vflink.Reader.VFs does.
+func (l *Links) VFs(pf string) ([]vflink.VFState, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	sts, err := l.reader().VFs(pf)
+	if err != nil {
+		return nil, fmt.Errorf("simulated VF read on %s: %w", pf, err)
+	}
+	return sts, nil
+}
+
+// Resolve implements vflink.Links.
+func (l *Links) Resolve(name string) (vflink.Netdev, error) {
+	unlock := l.h.lock()
+	defer unlock()
+	return l.reader().Resolve(name)
+}
+
+// Conn is a simulated rtnetlink socket in this link layer's namespace,
+// for tests that drive vflink.Reader or send their own requests. Every
+// Send and Recv takes the host lock.
+func (l *Links) Conn() vflink.Conn { return lockedConn{l: l, c: &rtnlConn{l: l}} }
+
+type lockedConn struct {
+	l *Links
+	c *rtnlConn
+}
+
+func (c lockedConn) Send(msg []byte) error {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Send(msg)
+}
+
+func (c lockedConn) Recv(b []byte, peek bool) (int, error) {
+	unlock := c.l.h.lock()
+	defer unlock()
+	return c.c.Recv(b, peek)
 }
 
 func isZeroMAC(mac net.HardwareAddr) bool { return bytes.Equal(mac, make(net.HardwareAddr, len(mac))) }
@@ -242,6 +329,10 @@ func (l *Links) SetMAC(pf string, vf int, mac net.HardwareAddr) error {
 			return syscall.EINVAL
 		}
 		st.MAC = append(net.HardwareAddr(nil), mac...)
+		// The PF overwrites what the VF driver reported (one MAC per VF).
+		if err := l.h.changeRuntime(l.h.vfAddr(pfDir, vf), func(r *vfRuntime) { r.OwnMAC = nil }); err != nil {
+			return err
+		}
 		// The VF's netdev takes the new address (the PF resets the VF).
 		if vfDir, err := l.h.t.readlink(pfDir + "/virtfn" + strconv.Itoa(vf)); err == nil {
 			ents, _ := os.ReadDir(l.h.t.abs(vfDir + "/net"))
@@ -265,9 +356,12 @@ func (l *Links) SetVLAN(pf string, vf int, vlan, qos int, proto string) error {
 		// struct ifla_vf_vlan_info carries vlan and qos as u32 (netlink
 		// converts the ints); the kernel refuses vlan > 4095 (12 bits) and
 		// qos > 7 (3 bits), so a negative value is refused too, and a value
-		// past 32 bits arrives cut to its low bits.
+		// past 32 bits arrives cut to its low bits. A priority without a
+		// VLAN (vlan 0, qos 3) is accepted: igb reports qos 3 then (seen
+		// on the real kernel, test/kernel/scenario), and i40e, ice and
+		// mlx5 check only the field widths too.
 		vlan, qos = int(uint32(vlan)), int(uint32(qos))
-		if vlan > 4095 || qos > 7 || (vlan == 0 && qos != 0) {
+		if vlan > 4095 || qos > 7 {
 			return syscall.EINVAL
 		}
 		if proto == "" {
@@ -338,7 +432,11 @@ func (l *Links) SetRate(pf string, vf int, minMbps, maxMbps int) error {
 	})
 }
 
-// VFState reads a VF's link state without failure injection (for tests).
+// VFState reads a VF's administrative settings, as the PF driver holds
+// them, without failure injection or reset windows (for tests). Unlike
+// Links.VF it does not show the MAC a VF driver chose for itself: a VF
+// whose MAC nobody set reads 00:00:00:00:00:00 here whatever its driver
+// did, which is what "restored exactly" compares.
 func (h *Host) VFState(pf string, vf int) (vflink.VFState, error) {
 	unlock := h.lock()
 	defer unlock()

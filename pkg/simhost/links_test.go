@@ -9,6 +9,9 @@ import (
 	"reflect"
 	"syscall"
 	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
@@ -100,7 +103,6 @@ func TestLinksRejectLikeTheKernel(t *testing.T) {
 		{"VLAN 4096", l.SetVLAN("enp59s0f0", 0, 4096, 0, "802.1Q"), syscall.EINVAL},
 		{"VLAN -1", l.SetVLAN("enp59s0f0", 0, -1, 0, "802.1Q"), syscall.EINVAL},
 		{"qos 8", l.SetVLAN("enp59s0f0", 0, 10, 8, "802.1Q"), syscall.EINVAL},
-		{"qos without VLAN", l.SetVLAN("enp59s0f0", 0, 0, 3, "802.1Q"), syscall.EINVAL},
 		{"bad proto", l.SetVLAN("enp59s0f0", 0, 10, 0, "802.1X"), syscall.EPROTONOSUPPORT},
 		{"min > max", l.SetRate("enp59s0f0", 0, 500, 100), syscall.EINVAL},
 		{"negative rate", l.SetRate("enp59s0f0", 0, -1, 0), syscall.EINVAL},
@@ -263,5 +265,150 @@ func TestLinksRateFieldWidths(t *testing.T) {
 		if err := l.SetVLAN(pf, 2, c.vlan, c.qos, vflink.VLANProto8021Q); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("vlan %d qos %d: %v, want EINVAL", c.vlan, c.qos, err)
 		}
+	}
+}
+
+// A VF nobody set a MAC for reads 00:00:00:00:00:00 through the PF. After
+// its VF driver is rebound, the driver picks its own MAC and the PF
+// reports that one, although no MAC is administratively set (igb with
+// igbvf on 6.1; bnxt and ice report the VF's own MAC too). Setting a MAC
+// through the PF replaces it; a function reset makes the PF forget it.
+func TestPFReportsTheVFDriversOwnMAC(t *testing.T) {
+	t.Parallel()
+	h := build(t, E810Host())
+	l := h.Links()
+	const pf, idx, vf = "enp59s0f0", 1, "0000:3b:02.1"
+	reported := func() net.HardwareAddr {
+		t.Helper()
+		st, err := l.VF(pf, idx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.MAC
+	}
+	admin := func() net.HardwareAddr {
+		t.Helper()
+		st, err := h.VFState(pf, idx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.MAC
+	}
+	zero := net.HardwareAddr{0, 0, 0, 0, 0, 0}
+	if m := reported(); !isZeroMAC(m) {
+		t.Fatalf("pristine VF reports %s", m)
+	}
+	toVFIO(t, h, vf, "iavf")
+	if m := reported(); !isZeroMAC(m) {
+		t.Fatalf("VF on vfio-pci reports %s", m)
+	}
+	// Back to iavf: the driver picks its own MAC (its netdev's address).
+	write(t, h, "bus/pci/devices/"+vf+"/driver_override", "")
+	write(t, h, "bus/pci/drivers/vfio-pci/unbind", vf)
+	write(t, h, "bus/pci/drivers/iavf/bind", vf)
+	f := fn(t, h, vf)
+	own, err := os.ReadFile(filepath.Join(h.Root(), "class/net", f.NetDevs[0], "address"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := reported(); isZeroMAC(m) || m.String()+"\n" != string(own) {
+		t.Fatalf("after the rebind the PF reports %s, want the VF driver's own %s", m, own)
+	}
+	if m := admin(); !reflect.DeepEqual(m, zero) {
+		t.Fatalf("administrative MAC %s, want none", m)
+	}
+	// An administrator's MAC wins and replaces the driver's.
+	set := mustMAC(t, "02:00:00:00:00:aa")
+	if err := l.SetMAC(pf, idx, set); err != nil {
+		t.Fatal(err)
+	}
+	if m := reported(); m.String() != set.String() {
+		t.Fatalf("after SetMAC the PF reports %s", m)
+	}
+	if err := l.SetMAC(pf, idx, zero); err != nil {
+		t.Fatal(err)
+	}
+	if m := reported(); !isZeroMAC(m) {
+		t.Fatalf("after clearing the MAC the PF reports %s", m)
+	}
+	// Rebound again it reports its own MAC; unbinding (a function reset)
+	// makes the PF forget it.
+	write(t, h, "bus/pci/drivers/iavf/unbind", vf)
+	write(t, h, "bus/pci/drivers/iavf/bind", vf)
+	if m := reported(); isZeroMAC(m) {
+		t.Fatal("rebound VF driver reported no MAC")
+	}
+	write(t, h, "bus/pci/drivers/iavf/unbind", vf)
+	if m := reported(); !isZeroMAC(m) {
+		t.Fatalf("unbound VF still reports %s", m)
+	}
+	// SR-IOV disable forgets everything.
+	write(t, h, "bus/pci/drivers/iavf/bind", vf)
+	if err := h.SetNumVFs("0000:3b:00.0", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetNumVFs("0000:3b:00.0", 4); err != nil {
+		t.Fatal(err)
+	}
+	if m := reported(); !isZeroMAC(m) {
+		t.Fatalf("re-created VF reports %s", m)
+	}
+}
+
+// With reset windows on, MAC, VLAN and trust changes and VF driver changes
+// reset the VF; settings made during the reset fail with EBUSY (ice) or
+// EAGAIN (i40e) and work once it is over. Reads work throughout.
+func TestVFResetWindows(t *testing.T) {
+	t.Parallel()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	h := build(t, PFDriverHost(), WithClock(clk))
+	h.SetVFResets(VFResets{Window: 100 * time.Millisecond})
+	l := h.Links()
+	for _, c := range []struct {
+		pf    string
+		errno syscall.Errno
+	}{{"enp59s0f0", syscall.EBUSY}, {"enp94s0f0", syscall.EAGAIN}} {
+		if err := l.SetVLAN(c.pf, 0, 10, 0, vflink.VLANProto8021Q); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetTrust(c.pf, 0, true); !errors.Is(err, c.errno) {
+			t.Fatalf("%s: set during the reset: %v, want %v", c.pf, err, c.errno)
+		}
+		if err := l.SetSpoofChk(c.pf, 0, false); !errors.Is(err, c.errno) {
+			t.Fatalf("%s: spoofchk during the reset: %v, want %v", c.pf, err, c.errno)
+		}
+		if st, err := l.VF(c.pf, 0); err != nil || st.VLAN != 10 || st.Trust {
+			t.Fatalf("%s: read during the reset: %+v %v", c.pf, st, err)
+		}
+		// Other VFs are not affected.
+		if err := l.SetSpoofChk(c.pf, 1, false); err != nil {
+			t.Fatalf("%s: other VF: %v", c.pf, err)
+		}
+		// Spoof checking does not reset the VF.
+		if err := l.SetSpoofChk(c.pf, 1, true); err != nil {
+			t.Fatalf("%s: second spoofchk: %v", c.pf, err)
+		}
+	}
+	clk.Step(100 * time.Millisecond)
+	if err := l.SetTrust("enp59s0f0", 0, true); err != nil {
+		t.Fatalf("after the reset: %v", err)
+	}
+	clk.Step(time.Second)
+	// A VF driver change is a function reset too.
+	const vf = "0000:3b:02.2" // enp59s0f0 vf 2
+	write(t, h, "bus/pci/devices/"+vf+"/driver_override", "vfio-pci")
+	write(t, h, "bus/pci/drivers/iavf/unbind", vf)
+	if err := l.SetTrust("enp59s0f0", 2, true); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("set right after the unbind: %v, want EBUSY", err)
+	}
+	clk.Step(time.Second)
+	if err := l.SetTrust("enp59s0f0", 2, true); err != nil {
+		t.Fatal(err)
+	}
+	// Off again: no windows.
+	h.SetVFResets(VFResets{})
+	write(t, h, "bus/pci/drivers/vfio-pci/bind", vf)
+	if err := l.SetTrust("enp59s0f0", 2, false); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -264,7 +264,8 @@ func Explain(s Setting, value string, pf PF, err error) error {
 	fmt.Fprintf(&b, "%s %s: ", s, value)
 	switch {
 	case errno == syscall.EBUSY || errno == syscall.EAGAIN:
-		fmt.Fprintf(&b, "%s is busy (%s): the VF is being reset; retry the prepare", where, name)
+		// Retrying already waited: the reset outlasted its bound.
+		fmt.Fprintf(&b, "%s is busy (%s): the VF is being reset and did not come out of reset while vfnet retried; check the PF's kernel log, then retry the prepare", where, name)
 	case cp.Support == Unsupported && (cp.Errno == 0 || cp.Errno == errno):
 		fmt.Fprintf(&b, "%s does not support it (%s): %s; %s", where, name, cp.Note, fix(s, value, caps))
 	case cp.Support == SupportDepends:

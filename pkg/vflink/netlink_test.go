@@ -1,8 +1,10 @@
 package vflink
 
 import (
+	"errors"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -31,15 +33,21 @@ func TestStateFromInfo(t *testing.T) {
 	}
 }
 
-// The real calls need CAP_NET_ADMIN and SR-IOV hardware; without a PF the
-// error must name the netdev.
+// The real calls need SR-IOV hardware; without a PF the error must name
+// the netdev and the namespace, and be a LinkNotFoundError (ENODEV).
 func TestMissingPF(t *testing.T) {
 	t.Parallel()
-	_, err := Netlink{}.VF("vfnet-nope0", 0)
-	if err == nil || !strings.Contains(err.Error(), `"vfnet-nope0"`) {
+	l, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, err = l.VF("vfnet-nope0", 0)
+	if err == nil || !strings.Contains(err.Error(), `"vfnet-nope0"`) || !strings.Contains(err.Error(), "/proc/self/ns/net") ||
+		!IsLinkNotFound(err) || !errors.Is(err, syscall.ENODEV) {
 		t.Fatalf("VF on missing PF: %v", err)
 	}
-	if err := (Netlink{}).SetVLAN("lo", 0, 1, 0, "802.1x"); err == nil || !strings.Contains(err.Error(), "802.1x") {
+	if err := l.SetVLAN("lo", 0, 1, 0, "802.1x"); err == nil || !strings.Contains(err.Error(), "802.1x") {
 		t.Fatalf("bad proto: %v", err)
 	}
 }

@@ -155,7 +155,9 @@ func logCalls(logger klog.Logger) grpc.UnaryServerInterceptor {
 		if err != nil {
 			l.Error(err, "call failed", "duration", time.Since(start))
 		} else {
-			l.V(2).Info("call done", "duration", time.Since(start))
+			// No metrics server in a sidecar that runs in every VM pod:
+			// the few calls per VM start are logged with their duration.
+			l.Info("call done", "duration", time.Since(start))
 		}
 		return resp, err
 	}

@@ -8,8 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/klog/v2"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -59,12 +63,17 @@ type running struct {
 
 func start(t *testing.T, reader func(root string) metadataReader) *running {
 	t.Helper()
+	return startCtx(t, context.Background(), reader)
+}
+
+func startCtx(t *testing.T, parent context.Context, reader func(root string) metadataReader) *running {
+	t.Helper()
 	r := &running{dir: shortDir(t), mroot: t.TempDir(), done: make(chan error, 1)}
 	var rd metadataReader = metadata.FileReader{Root: r.mroot}
 	if reader != nil {
 		rd = reader(r.mroot)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	r.stop = cancel
 	srv, err := server.New(ctx, server.Config{SocketDir: r.dir, BindingName: sidecartest.Binding, Reader: rd})
 	if err != nil {
@@ -283,6 +292,40 @@ func TestBadBindingName(t *testing.T) {
 	for _, name := range []string{"", "a/b", "..", strings.Repeat("x", 120)} {
 		if _, err := server.New(context.Background(), server.Config{SocketDir: shortDir(t), BindingName: name, Reader: metadata.FileReader{}}); err == nil {
 			t.Errorf("binding name %q accepted", name)
+		}
+	}
+}
+
+// TestEveryCallLogsItsDuration: the sidecar has no metrics server (it runs
+// in every VM pod); each hook call is logged with its duration at the
+// default verbosity instead.
+func TestEveryCallLogsItsDuration(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var lines []string
+	logger := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		lines = append(lines, args)
+		mu.Unlock()
+	}, funcr.Options{Verbosity: 0})
+	r := startCtx(t, klog.NewContext(context.Background(), logger), nil)
+	ctx := callCtx(t)
+	if _, err := r.info.Info(ctx, &info.InfoParams{}); err != nil {
+		t.Fatal(err)
+	}
+	vmi := sidecartest.NewVMI().VFNet("dra-net", "net", "vf", nil).Build()
+	if _, err := r.cb.OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: q35(t), Vmi: vmiJSON(t, vmi)}); err == nil {
+		t.Fatal("OnDefineDomain without metadata succeeded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, method := range []string{"/kubevirt.hooks.info.Info/Info", "/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain"} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.Contains(l, `"method"="`+method+`"`) && strings.Contains(l, `"duration"=`)
+		}
+		if !found {
+			t.Errorf("no line with the duration of %s at the default verbosity; log %q", method, lines)
 		}
 	}
 }

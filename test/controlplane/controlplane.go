@@ -60,6 +60,10 @@ type Options struct {
 	// scale benchmark raises their client QPS as a large cluster would).
 	ExtraSchedulerFlags         []string
 	ExtraControllerManagerFlags []string
+	// ExtraControllers are started by kube-controller-manager besides the
+	// ones the flow needs (a real node needs daemonset-controller and
+	// root-ca-certificate-publisher-controller).
+	ExtraControllers []string
 	// HandleSignals makes the plane stop itself on SIGINT/SIGTERM and then
 	// re-raise the signal, so an interrupted run leaves nothing behind.
 	HandleSignals bool
@@ -223,7 +227,12 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 		"--authorization-kubeconfig=" + p.AdminKubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort),
 		"--leader-elect=false",
-		"--controllers=serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller,validatingadmissionpolicy-status-controller",
+		"--controllers=" + strings.Join(append([]string{"serviceaccount-controller", "resourceclaim-controller",
+			"garbage-collector-controller", "namespace-controller", "validatingadmissionpolicy-status-controller"},
+			opts.ExtraControllers...), ","),
+		// What the root-ca publisher puts into every namespace's
+		// kube-root-ca.crt, which pods trust the API server with.
+		"--root-ca-file=" + certFile,
 	}
 	if err := p.spawn("kube-controller-manager", filepath.Join(opts.BinDir, "kube-controller-manager"),
 		append(cmArgs, opts.ExtraControllerManagerFlags...)...); err != nil {

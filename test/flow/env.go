@@ -115,14 +115,52 @@ func (e *Env) BinDir(ctx context.Context) (string, error) {
 // `kubectl apply -k manifests/` (namespace, RBAC, admission policy,
 // DaemonSet, node-config ConfigMap, DeviceClasses).
 func (e *Env) ApplyManifests(ctx context.Context) error {
-	out, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-k", filepath.Join(e.Repo, "manifests"))
+	return e.ApplyManifestsWith(ctx)
+}
+
+// ApplyManifestsWith is ApplyManifests through an overlay that adds the
+// named optional components of manifests/components (e.g.
+// "prometheus-scrape"), as an admin's own kustomization would.
+func (e *Env) ApplyManifestsWith(ctx context.Context, components ...string) error {
+	dir := filepath.Join(e.Repo, "manifests")
+	if len(components) > 0 {
+		overlay, err := e.overlay(components)
+		if err != nil {
+			return err
+		}
+		dir = overlay
+	}
+	out, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-k", dir)
 	if err != nil {
-		return fmt.Errorf("kubectl apply -k manifests/: %w", err)
+		return fmt.Errorf("kubectl apply -k manifests/ (components %v): %w", components, err)
 	}
 	e.say("%s", indent(strings.TrimSpace(string(out))))
 	// The ServiceAccount is namespaced and used at once; the admission policy
 	// takes effect asynchronously: wait until it is type-checked and loaded.
 	return e.waitPolicyActive(ctx)
+}
+
+// overlay writes a kustomization that installs manifests/ with components
+// and returns its directory.
+func (e *Env) overlay(components []string) (string, error) {
+	dir, err := os.MkdirTemp(e.Dir, "overlay-")
+	if err != nil {
+		return "", err
+	}
+	rel := func(p string) (string, error) { return filepath.Rel(dir, filepath.Join(e.Repo, "manifests", p)) }
+	base, err := rel("")
+	if err != nil {
+		return "", err
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + base + "\ncomponents:\n"
+	for _, c := range components {
+		p, err := rel(filepath.Join("components", c))
+		if err != nil {
+			return "", err
+		}
+		k += "- " + p + "\n"
+	}
+	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
 // ApplyFile applies one manifest file or directory (examples).

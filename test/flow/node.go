@@ -152,7 +152,7 @@ func (e *Env) CreateDriverPod(ctx context.Context, node string) (*corev1.Pod, er
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: DaemonSet + "-" + node, Namespace: Namespace,
-			Labels: ds.Spec.Template.Labels,
+			Labels: ds.Spec.Template.Labels, Annotations: ds.Spec.Template.Annotations,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID,
 				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
@@ -334,6 +334,15 @@ func (n *Node) StopDriver(kill bool) error {
 		return fmt.Errorf("node %s: vfnet-driver did not stop cleanly on SIGTERM: %v\n%s", n.Name, err, n.DriverLog(3000))
 	}
 	return nil
+}
+
+// MetricsURL is the driver's Prometheus endpoint (on its health server, as
+// the DaemonSet's port "health" serves it); empty before StartDriver.
+func (n *Node) MetricsURL() string {
+	if n.healthAddr == "" {
+		return ""
+	}
+	return "http://" + n.healthAddr + "/metrics"
 }
 
 // DriverLog returns the last max bytes of the current driver log.

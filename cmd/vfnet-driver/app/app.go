@@ -34,7 +34,9 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/metrics"
 	"github.com/vfnet-io/vfnet/driver/migration"
+	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
@@ -44,6 +46,10 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
+
+// MigrationLockFileName is the lead lock (in the plugin directory) of the
+// live-migration watcher: one instance per node runs it.
+const MigrationLockFileName = "vfnet-migration.lock"
 
 // Main runs vfnet-driver with args (without the program name) and returns
 // the process exit code.
@@ -72,6 +78,8 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	pluginDir := fs.String("plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory; VFs its checkpoint holds count as vfnet's own")
 	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
+	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
+	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -85,6 +93,12 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
+	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns)
+	if err != nil {
+		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
+		return 1
+	}
+	defer closeLinks()
 	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // skips are printed below instead
 	host := sysfs.New(*root)
 	rep, err := host.DiscoverReport(ctx)
@@ -101,7 +115,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
 	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] },
-		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot)})
+		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(links)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -115,7 +129,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	if res.Why != "" {
 		fmt.Fprintf(stderr, "# %s\n", res.Why)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices))
+	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices, slices.PFTaints(pfs, res.Devices)))
 	for i := range out {
 		b, err := yaml.Marshal(&out[i])
 		if err != nil {
@@ -130,6 +144,44 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
+	"(the default is the host init's, which a pod sees with hostPID: true)"
+
+// openLinks opens the VF link layer: netlink in the namespace hostNetns,
+// or with simulate the simulated host's under root (its own host
+// namespace unless the flag names another file than the default).
+func openLinks(root string, simulate bool, hostNetns string) (vflink.Links, func(), error) {
+	if !simulate {
+		l, err := vflink.Open(hostNetns)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--host-netns: %w", err)
+		}
+		return l, func() { l.Close() }, nil
+	}
+	h, err := simhost.Open(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--simulate: %w", err)
+	}
+	if hostNetns == vflink.DefaultHostNetns {
+		// The simulated host's own namespace stands for the host's.
+		return h.Links(), func() { h.Close() }, nil
+	}
+	l, err := h.LinksAt(hostNetns)
+	if err != nil {
+		h.Close()
+		return nil, nil, fmt.Errorf("--host-netns: %w", err)
+	}
+	return l, func() { h.Close() }, nil
+}
+
+// resolver is discovery's Resolve over links.
+func resolver(links vflink.Links) func(string) error {
+	return func(netdev string) error {
+		_, err := links.Resolve(netdev)
+		return err
+	}
 }
 
 // groupHolders is discovery.Options.Holders over the host's /proc.
@@ -148,8 +200,8 @@ func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string,
 }
 
 // checkpointVFs reads the running driver's checkpoint without changing
-// anything (checkpoint.Store.Load tidies temp files, which must not race
-// with a live driver): the VFs vfnet prepared, bound to vfio-pci by vfnet.
+// anything, leniently (a diagnostic tool should still say what it can):
+// the VFs vfnet prepared, bound to vfio-pci by vfnet.
 func checkpointVFs(path string) (map[string]bool, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -183,7 +235,7 @@ type driverFlags struct {
 	rescan, healthInterval                           time.Duration
 	registrarDir, pluginDir, cdiRoot, podUID         string
 	kubeletPodsDir, procRoot, bindingName            string
-	healthAddr                                       string
+	healthAddr, hostNetns                            string
 	simulate                                         bool
 }
 
@@ -205,8 +257,9 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "kubelet pods directory (launcher libvirt sockets, for live migration)")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "host /proc (who holds /dev/vfio group nodes open; QEMU memlock raise for live migration)")
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz and /readyz (e.g. :51515); off when empty")
-	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only)")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
+	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
+	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -259,7 +312,11 @@ type host struct {
 
 func openHost(f driverFlags) (*host, error) {
 	if !f.simulate {
-		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: vflink.Netlink{}, devRoot: f.devRoot, close: func() {}}, nil
+		l, err := vflink.Open(f.hostNetns)
+		if err != nil {
+			return nil, fmt.Errorf("--host-netns: %w", err)
+		}
+		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: l, devRoot: f.devRoot, close: func() { l.Close() }}, nil
 	}
 	var opts []simhost.Option
 	if f.devRoot != "/dev" {
@@ -269,7 +326,16 @@ func openHost(f driverFlags) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--simulate: %w", err)
 	}
-	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: h.Links(), devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
+	links := h.Links()
+	// The default names the host's namespace: in a simulation that is the
+	// simulated host's own, so a manifest that spells it out still works.
+	if f.hostNetns != vflink.DefaultHostNetns {
+		if links, err = h.LinksAt(f.hostNetns); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("--host-netns: %w", err)
+		}
+	}
+	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: links, devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
 }
 
 func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
@@ -342,7 +408,40 @@ func run(ctx context.Context, f driverFlags) error {
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
 	holders := groupHolders(f.procRoot, h.devRoot)
-	state, err := prepare.New(prepare.Options{
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links),
+		// A PF's link went down or up, or it vanished: republish now with
+		// or without the taint instead of at the next rescan.
+		OnPFChange: func() {
+			if l := published.Load(); l != nil {
+				l.Trigger()
+			}
+		}})
+	var state *prepare.State
+	mx := metrics.New(metrics.State{
+		Published: func() []discovery.Device {
+			if l := published.Load(); l != nil {
+				return l.Published()
+			}
+			return nil
+		},
+		Prepared: func() []metrics.PreparedDevice {
+			var out []metrics.PreparedDevice
+			for _, c := range state.Snapshot().Claims {
+				for _, d := range c.Devices {
+					out = append(out, metrics.PreparedDevice{Device: d.Device, PFAddress: d.PFAddress})
+				}
+			}
+			return out
+		},
+		PFs: monitor.PFs,
+		Tainted: func() map[string]int {
+			if l := published.Load(); l != nil {
+				return l.Tainted()
+			}
+			return nil
+		},
+	})
+	state, err = prepare.New(prepare.Options{
 		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
 		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
@@ -362,16 +461,17 @@ func run(ctx context.Context, f driverFlags) error {
 			}
 			return nil
 		},
+		Observer: mx,
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName})
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: kube,
 		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
 		Preparer: state, Health: monitor,
-		OnFatal: func(err error) { cancel(err) },
+		OnFatal:   func(err error) { cancel(err) },
+		OnRequest: mx.RequestDone,
 	})
 	if err != nil {
 		return err
@@ -379,9 +479,10 @@ func run(ctx context.Context, f driverFlags) error {
 	defer p.Stop()
 	loop = slices.NewLoop(slices.LoopOptions{
 		NodeName: f.nodeName, Discoverer: h.sysfs, Publisher: p, Owned: state.Owned,
-		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders,
+		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
+		OnPublish:  mx.Published,
 	})
 	published.Store(loop)
 	// The first publish waits for the ResourceSlice informer to sync; a
@@ -409,9 +510,15 @@ func run(ctx context.Context, f driverFlags) error {
 		}, loop.Published)
 	})
 	wg.Go(func() {
-		err := migration.Run(ctx, migration.Options{
-			NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-			BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events,
+		// During a rolling update two instances run; two watchers would
+		// attach every migrated VF twice. The instance holding the lead
+		// lock runs it; the other waits and takes over when the holder
+		// stops or dies.
+		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
+			return migration.Run(ctx, migration.Options{
+				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
+				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
+			})
 		})
 		if err != nil && ctx.Err() == nil {
 			// Prepare and publishing do not depend on it: keep serving.
@@ -419,13 +526,13 @@ func run(ctx context.Context, f driverFlags) error {
 		}
 	})
 	if f.healthAddr != "" {
-		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan))
+		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan), mx.Handler())
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
 	}
-	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
+	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "hostNetns", f.hostNetns, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
 	<-ctx.Done()
 	return shutdownCause(ctx)
 }
@@ -464,8 +571,9 @@ func (s *status) since() time.Duration {
 	return time.Since(s.last)
 }
 
-func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration) (*http.Server, error) {
+func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration, metricsHandler http.Handler) (*http.Server, error) {
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if d := st.since(); d > stale {
 			http.Error(w, fmt.Sprintf("no successful sysfs scan for %s", d.Truncate(time.Second)), http.StatusServiceUnavailable)

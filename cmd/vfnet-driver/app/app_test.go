@@ -62,7 +62,7 @@ func TestInspectMixedHost(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.MixedHost())
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
+	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -93,7 +93,7 @@ func TestInspectLargeHostSplits(t *testing.T) {
 	root := buildHost(t, simhost.LargeHost())
 	var stdout, stderr bytes.Buffer
 	cfg := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- deviceID: \"1593\"\n  network: net\n")
-	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
+	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -111,7 +111,7 @@ func TestInspectNoConfigPublishesEmptySlice(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.E810Host())
 	var stdout, stderr bytes.Buffer
-	if code := Main([]string{"inspect", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
+	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -144,7 +144,7 @@ func TestInspectErrors(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := Inspect(append([]string{"--sysfs-root", root}, tc.args...), &stdout, &stderr)
+			code := Inspect(append([]string{"--simulate", "--sysfs-root", root}, tc.args...), &stdout, &stderr)
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
 				t.Fatalf("exit %d (want %d), stdout %q, stderr %q (want %q)", code, tc.code, stdout.String(), stderr.String(), tc.want)
 			}
@@ -162,7 +162,7 @@ func TestBuiltCommand(t *testing.T) {
 	}
 	root := buildHost(t, simhost.MixedHost())
 	good := writeFile(t, mixedConfig)
-	out, err := exec.Command(bin, "inspect", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
+	out, err := exec.Command(bin, "inspect", "--simulate", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
 	if err != nil {
 		t.Fatalf("inspect: %v", err)
 	}
@@ -171,7 +171,7 @@ func TestBuiltCommand(t *testing.T) {
 	}
 	bad := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n")
 	for _, args := range [][]string{
-		{"inspect", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
+		{"inspect", "--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
 		{"--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n", "--kubeconfig", "/nonexistent"},
 	} {
 		cmd := exec.Command(bin, args...)
@@ -206,7 +206,7 @@ func TestInspectCountsPreparedVFs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
+	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -229,7 +229,7 @@ func buildSim(t *testing.T, spec simhost.Spec) *simhost.Host {
 func inspect(t *testing.T, h *simhost.Host, cfg string, extra ...string) (stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	args := append([]string{"inspect", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
+	args := append([]string{"inspect", "--simulate", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
 		"--dev-root", h.DevRoot(), "--proc-root", h.ProcRoot()}, extra...)
 	if code := Main(args, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
@@ -332,5 +332,46 @@ func TestInspectVFIOHeld(t *testing.T) {
 	if n := len(decodeSlices(t, out)[0].Spec.Devices); n != 3 ||
 		!strings.Contains(stderr, "# not offered: 0000:3b:02.2: VF is bound to vfio-pci and in use: /dev/vfio/27 is held open by pid 4242 (qemu-kvm)") {
 		t.Fatalf("%d devices; stderr:\n%s", n, stderr)
+	}
+}
+
+// inspect run in the wrong network namespace (a pod without hostPID) says
+// per PF that its netdev is not there and offers nothing; a namespace file
+// that does not exist is an error naming it and the fix.
+func TestInspectWrongNetns(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.E810Host())
+	podNs, err := h.AddNetns("driver-pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: a\n"
+	stdout, stderr := inspect(t, h, cfg, "--simulate", "--host-netns", podNs)
+	if s := decodeSlices(t, stdout); len(s) != 1 || len(s[0].Spec.Devices) != 0 {
+		t.Fatalf("wrong namespace offers %d devices", len(s[0].Spec.Devices))
+	}
+	for _, want := range []string{
+		"# not offered: 0000:3b:00.0: PF netdev enp59s0f0 not found in network namespace " + podNs + ":",
+		"hostPID: true", "# none of the 1 selected PF netdevs is in network namespace " + podNs,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	// The simulated host's own namespace (the default, also spelt out)
+	// offers them.
+	for _, args := range [][]string{{"--simulate"}, {"--simulate", "--host-netns", "/proc/1/ns/net"}} {
+		stdout, _ = inspect(t, h, cfg, args...)
+		if s := decodeSlices(t, stdout); len(s[0].Spec.Devices) != 4 {
+			t.Fatalf("%v: host namespace offers %d devices", args, len(s[0].Spec.Devices))
+		}
+	}
+	missing := filepath.Join(t.TempDir(), "proc", "1", "ns", "net")
+	for _, sim := range []string{"--simulate", "--simulate=false"} {
+		var out, errOut bytes.Buffer
+		code := Main([]string{"inspect", sim, "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &out, &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), "--host-netns: network namespace "+missing) || !strings.Contains(errOut.String(), "hostPID: true") {
+			t.Errorf("%s, missing namespace: exit %d, stderr %s", sim, code, errOut.String())
+		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	netresources "kubevirt.io/kubevirt/pkg/network/resources"
 	storageannotations "kubevirt.io/kubevirt/pkg/storage/pod/annotations"
 	"kubevirt.io/kubevirt/pkg/testutils"
+	"kubevirt.io/kubevirt/pkg/virt-api/webhooks/mutating-webhook/mutators"
 	"kubevirt.io/kubevirt/pkg/virt-controller/services"
 )
 
@@ -104,4 +105,52 @@ func VMIFromVM(vm *v1.VirtualMachine, uid string) *v1.VirtualMachineInstance {
 	}
 	v1.SetObjectDefaults_VirtualMachineInstance(vmi)
 	return vmi
+}
+
+// MutateAsVirtAPI applies what virt-api's VMI mutating webhook does to a new
+// VMI under cfg (defaults and, unless the Root gate is on, the non-root
+// runtime user 107, which makes the launcher's containers run as 107).
+func MutateAsVirtAPI(vmi *v1.VirtualMachineInstance, cfg *v1.KubeVirtConfiguration) error {
+	clusterConfig, _, _ := testutils.NewFakeClusterConfigUsingKVConfig(cfg)
+	if err := mutators.ApplyNewVMIMutations(vmi, clusterConfig); err != nil {
+		return fmt.Errorf("virt-api mutations of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
+	return nil
+}
+
+// AddBindingSidecarClaims gives each network binding plugin's sidecar
+// container the claims of the DRA networks whose interface uses that
+// binding, as KubeVirt renders the pod from v1.10 (kubevirt PR 18741):
+// v1.9.0 gives them to the compute container only, so a binding sidecar
+// cannot read the claims' device metadata. The sidecar is found by its
+// NETWORK_BINDING_PLUGIN_NAME environment variable.
+func AddBindingSidecarClaims(pod *k8sv1.Pod, vmi *v1.VirtualMachineInstance) error {
+	claims := map[string][]k8sv1.ResourceClaim{} // binding name -> claims
+	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
+		if iface.Binding == nil {
+			continue
+		}
+		for _, n := range vmi.Spec.Networks {
+			if n.Name == iface.Name && n.ResourceClaim != nil {
+				claims[iface.Binding.Name] = append(claims[iface.Binding.Name],
+					k8sv1.ResourceClaim{Name: n.ResourceClaim.ClaimName, Request: n.ResourceClaim.RequestName})
+			}
+		}
+	}
+	found := map[string]bool{}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		for _, e := range c.Env {
+			if e.Name == "NETWORK_BINDING_PLUGIN_NAME" && claims[e.Value] != nil {
+				c.Resources.Claims = append(c.Resources.Claims, claims[e.Value]...)
+				found[e.Value] = true
+			}
+		}
+	}
+	for b := range claims {
+		if !found[b] {
+			return fmt.Errorf("launcher pod of %s/%s has no sidecar for binding %q", vmi.Namespace, vmi.Name, b)
+		}
+	}
+	return nil
 }

@@ -159,3 +159,32 @@ func equalPtr(a, b *string) bool {
 	}
 	return *a == *b
 }
+
+// TestNonRootSidecarWithClaims: with virt-api's create mutations the pod's
+// containers run as 107 (KubeVirt's default non-root mode), and the v1.10
+// rendering gives the binding sidecar the VM's claim, which v1.9.0 does not.
+func TestNonRootSidecarWithClaims(t *testing.T) {
+	cfg, vm, _ := productInputs(t)
+	vmi := VMIFromVM(vm, "0b5e6a3c-0000-4000-8000-000000000009")
+	if err := MutateAsVirtAPI(vmi, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := Render(vmi, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := container(pod, "hook-sidecar-0")
+	if sc == nil || sc.SecurityContext == nil || sc.SecurityContext.RunAsUser == nil || *sc.SecurityContext.RunAsUser != 107 {
+		t.Fatalf("sidecar does not run as 107: %+v", sc)
+	}
+	if len(sc.Resources.Claims) != 0 {
+		t.Fatalf("v1.9.0 gives the sidecar claims %v; the test below would prove nothing", sc.Resources.Claims)
+	}
+	if err := AddBindingSidecarClaims(pod, vmi); err != nil {
+		t.Fatal(err)
+	}
+	want := container(pod, "compute").Resources.Claims
+	if len(want) == 0 || !slices.Equal(container(pod, "hook-sidecar-0").Resources.Claims, want) {
+		t.Fatalf("sidecar claims %v, want the compute container's %v", container(pod, "hook-sidecar-0").Resources.Claims, want)
+	}
+}

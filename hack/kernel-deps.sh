@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Prepares what the real-kernel test tier (test/kernel) boots, from Debian
+# packages only, under $VFNET_CACHE/kernel (default .cache/kernel):
+#   - a Debian 6.1 kernel: vmlinux (ELF, booted through PVH: a compressed
+#     bzImage spends ~35 s decompressing under TCG) and its modules;
+#   - QEMU 10 from bookworm-backports (the first QEMU with the SR-IOV igb NIC)
+#     and the libraries it needs that the host lacks, unpacked privately;
+#   - busybox-static and iproute2 (busybox's ip has no `vf` support) for the guest.
+# Nothing is installed on the host and its apt sources and state are not
+# touched: a private apt configuration lists bookworm and bookworm-backports
+# from the mirror the host already uses. A warm cache is a stamp check.
+# Prints nothing on success; on failure says what could not be had and exits 1.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${VFNET_CACHE:-$repo/.cache}
+K=$cache/kernel
+# The pinned kernel ABI; when the archive no longer has it, the current
+# bookworm 6.1 kernel is used instead.
+KERNEL_ABI=${VFNET_KERNEL_ABI:-6.1.0-50}
+# A recipe change invalidates the cache.
+key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+if [[ -f $K/ready && $(<"$K/ready") == "$key" && -f $K/env ]]; then
+  exit 0
+fi
+
+die() { echo "kernel-deps: $*" >&2; exit 1; }
+log() { echo "kernel-deps: $*" >&2; }
+
+for tool in apt-get apt-cache dpkg-deb xz sha256sum; do
+  command -v "$tool" >/dev/null || die "needs '$tool' on the host (Debian: apt-get install ${tool/sha256sum/coreutils}); it is missing"
+done
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+[[ -f $keyring ]] || die "needs $keyring (Debian package debian-archive-keyring) to verify the archive"
+
+# The Debian mirror the host already uses for bookworm (override: VFNET_DEBIAN_MIRROR).
+mirror=${VFNET_DEBIAN_MIRROR:-}
+if [[ -z $mirror ]]; then
+  mirror=$(apt-cache policy 2>/dev/null | awk '$3 == "bookworm/main" && $4 == "amd64" {print $2; exit}')
+fi
+if [[ -z $mirror ]]; then
+  mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
+    grep -oE '(https?|file)://[^ ]+' | grep -v -- '-security' | grep -m1 '/debian/\?$' || true)
+fi
+[[ -n $mirror ]] || die "no Debian bookworm mirror found in the host's apt sources; set VFNET_DEBIAN_MIRROR=<url of a Debian archive>"
+mirror=${mirror%/}
+
+mkdir -p "$K"/apt/{etc/sources.list.d,etc/preferences.d,state/lists/partial,cache/archives/partial} "$K/debs"
+cat >"$K/apt/etc/sources.list" <<EOF
+deb [signed-by=$keyring] $mirror bookworm main
+deb [signed-by=$keyring] $mirror bookworm-backports main
+EOF
+# A copy of the host's dpkg status lets apt compute which libraries the host
+# lacks; any lock apt takes is then private too.
+if [[ -f /var/lib/dpkg/status ]]; then cp /var/lib/dpkg/status "$K/apt/state/status"; else : >"$K/apt/state/status"; fi
+apt_opts=(
+  -o "Dir::Etc::SourceList=$K/apt/etc/sources.list"
+  -o "Dir::Etc::SourceParts=$K/apt/etc/sources.list.d"
+  -o "Dir::Etc::Preferences=$K/apt/etc/preferences"
+  -o "Dir::Etc::PreferencesParts=$K/apt/etc/preferences.d"
+  -o "Dir::State=$K/apt/state"
+  -o "Dir::State::status=$K/apt/state/status"
+  -o "Dir::Cache=$K/apt/cache"
+  -o "APT::Install-Recommends=false"
+  -o "Acquire::Retries=3"
+)
+papt() { apt-get -q "${apt_opts[@]}" "$@"; }
+pcache() { apt-cache "${apt_opts[@]}" "$@"; }
+
+log "updating a private package index (bookworm, bookworm-backports from $mirror)"
+papt update >"$K/apt/update.log" 2>&1 || { cat "$K/apt/update.log" >&2; die "apt-get update of the private index failed (see above)"; }
+
+# The kernel: the pinned ABI, else the newest 6.1 the archive has.
+kpkg=linux-image-$KERNEL_ABI-amd64
+if ! pcache show "$kpkg" >/dev/null 2>&1; then
+  abi=$(pcache show linux-image-amd64 2>/dev/null | sed -n 's/^Depends: .*linux-image-\(6\.1\.0-[0-9]*\)-amd64.*/\1/p' | sort -V | tail -1)
+  [[ -n $abi ]] || die "neither $kpkg nor any linux-image-6.1.0-*-amd64 (via linux-image-amd64) is in bookworm at $mirror"
+  log "$kpkg is gone from the archive; using linux-image-$abi-amd64"
+  KERNEL_ABI=$abi
+  kpkg=linux-image-$abi-amd64
+fi
+
+# Which packages the host lacks for QEMU 10 (bookworm-backports) and for the
+# guest tools (bookworm), as apt would install them.
+missing() { # $@: apt-get install arguments; prints pkg=version lines
+  local out
+  out=$(papt -s install "$@" 2>&1) || { echo "$out" >&2; die "cannot resolve packages: $* (see apt's words above)"; }
+  sed -n 's/^Inst \([^ ]*\) \(\[[^]]*\] \)\?(\([^ ]*\) .*/\1=\3/p' <<<"$out"
+}
+qemu_pkgs=$(missing -t bookworm-backports qemu-system-x86 seabios)
+grep -q '^qemu-system-x86=1:10\.' <<<"$qemu_pkgs" || die "bookworm-backports at $mirror has no QEMU 10 qemu-system-x86 (apt chose: $(grep '^qemu-system-x86=' <<<"$qemu_pkgs" || echo nothing)); the igb SR-IOV NIC needs QEMU >= 8.0"
+guest_pkgs=$(missing iproute2 busybox-static)
+# Always take the guest tools themselves, even when the host has them installed.
+for p in iproute2 busybox-static; do
+  grep -q "^$p=" <<<"$guest_pkgs" || guest_pkgs+=$'\n'"$p=$(pcache policy "$p" | awk '/Candidate:/ {print $2}')"
+done
+
+fetch() { # $1: dest root; rest: pkg=version
+  local root=$1; shift
+  rm -rf "$root.tmp"; mkdir -p "$root.tmp"
+  local p deb
+  for p in "$@"; do
+    [[ -n $p ]] || continue
+    # The C library comes from the host: a private copy would not match its loader.
+    case ${p%%=*} in libc6 | libc-bin | libgcc-s1 | libstdc++6) continue ;; esac
+    deb=$(ls "$K/debs/${p%%=*}_${p#*=}"_*.deb 2>/dev/null | head -1 || true)
+    deb=${deb:-$(ls "$K/debs/${p%%=*}_${p#*=*:}"_*.deb 2>/dev/null | head -1 || true)}
+    if [[ -z $deb ]]; then
+      (cd "$K/debs" && papt download "$p" >/dev/null 2>"$K/debs/download.err") ||
+        { cat "$K/debs/download.err" >&2; die "cannot download Debian package $p from $mirror"; }
+      deb=$(ls -t "$K/debs/${p%%=*}_"*.deb | head -1)
+    fi
+    dpkg-deb -x "$deb" "$root.tmp" || die "cannot unpack $deb"
+  done
+  rm -rf "$root"; mv "$root.tmp" "$root"
+}
+
+log "fetching $kpkg"
+kver=$(pcache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+fetch "$K/linux" "$kpkg=$kver"
+log "fetching QEMU 10 and what the host lacks for it: $(echo $qemu_pkgs | tr '\n' ' ')"
+# shellcheck disable=SC2086
+fetch "$K/qemu" $qemu_pkgs
+log "fetching guest tools: $(echo $guest_pkgs | tr '\n' ' ')"
+# shellcheck disable=SC2086
+fetch "$K/guest" $guest_pkgs
+
+krel=$KERNEL_ABI-amd64
+bz=$K/linux/boot/vmlinuz-$krel
+moddir=$K/linux/lib/modules/$krel
+[[ -f $bz ]] || die "$kpkg has no boot/vmlinuz-$krel"
+[[ -d $moddir/kernel ]] || die "$kpkg has no lib/modules/$krel/kernel"
+
+# vmlinux out of the bzImage: find the compressed payload by its magic and
+# keep the first one that decompresses to an ELF file.
+extract_vmlinux() {
+  local off fmt
+  for fmt in 'xz:\xfd7zXZ\x00' 'zstd:(\xb5/\xfd' 'gzip:\x1f\x8b\x08'; do
+    local tool=${fmt%%:*} magic=${fmt#*:}
+    for off in $(LC_ALL=C grep -obUaP "$magic" "$bz" | cut -d: -f1); do
+      tail -c +$((off + 1)) "$bz" | "$tool" -dc >"$K/vmlinux.tmp" 2>/dev/null || true
+      if [[ $(head -c 4 "$K/vmlinux.tmp" | od -An -c | tr -d ' ') == '177ELF' ]]; then
+        mv "$K/vmlinux.tmp" "$K/vmlinux"; return 0
+      fi
+    done
+  done
+  rm -f "$K/vmlinux.tmp"
+  return 1
+}
+extract_vmlinux || die "found no compressed ELF kernel inside $bz"
+
+qemu=$K/qemu/usr/bin/qemu-system-x86_64
+[[ -x $qemu ]] || die "qemu-system-x86 from bookworm-backports has no usr/bin/qemu-system-x86_64"
+qlib=$K/qemu/usr/lib/x86_64-linux-gnu:$K/qemu/lib/x86_64-linux-gnu
+qver=$(LD_LIBRARY_PATH=$qlib "$qemu" --version 2>&1 | head -1) || die "the unpacked QEMU does not run: $qver"
+ip=$(find "$K/guest" -path '*bin/ip' -type f | head -1)
+[[ -n $ip ]] || die "iproute2 has no ip binary"
+[[ -x $K/guest/bin/busybox ]] || die "busybox-static has no bin/busybox"
+
+cat >"$K/env" <<EOF
+KERNEL_RELEASE=$krel
+KERNEL_PACKAGE=$kpkg=$kver
+VMLINUX=$K/vmlinux
+MODULES=$moddir
+QEMU=$qemu
+QEMU_VERSION=$qver
+QEMU_LD_LIBRARY_PATH=$qlib
+QEMU_DATA=$K/qemu/usr/share/qemu:$K/qemu/usr/share/seabios
+BUSYBOX=$K/guest/bin/busybox
+IP=$ip
+GUEST_LIBS=$K/guest/usr/lib/x86_64-linux-gnu:$K/guest/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
+EOF
+echo "$key" >"$K/ready"
+log "ready: $krel, $qver"

@@ -1,0 +1,308 @@
+//go:build kernelguest
+
+package guest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
+)
+
+// podNetns makes a network namespace like a pod's without host networking
+// (only its own loopback) and returns a file naming it. A proxy listening
+// on the namespace's loopback at listen forwards to target from the guest's
+// own namespace: the driver in the pod reaches the API server at the
+// address its kubeconfig (and certificate) names.
+func podNetns(t *testing.T, listen, target string) string {
+	t.Helper()
+	path := filepath.Join("/run", "netns-"+t.Name())
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type made struct {
+		ln  net.Listener
+		err error
+	}
+	ch := make(chan made, 1)
+	go func() {
+		// This thread enters the new namespace and is never unlocked:
+		// the runtime ends it with the goroutine instead of reusing it.
+		runtime.LockOSThread()
+		ch <- func() made {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return made{err: fmt.Errorf("unshare a network namespace: %w", err)}
+			}
+			if err := unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, ""); err != nil {
+				return made{err: fmt.Errorf("keep the namespace at %s: %w", path, err)}
+			}
+			lo, err := netlink.LinkByName("lo")
+			if err == nil {
+				err = netlink.LinkSetUp(lo)
+			}
+			if err != nil {
+				return made{err: fmt.Errorf("loopback up in the pod namespace: %w", err)}
+			}
+			ln, err := net.Listen("tcp", listen) // the socket belongs to this thread's namespace
+			return made{ln: ln, err: err}
+		}()
+	}()
+	r := <-ch
+	t.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH); os.Remove(path) })
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { r.ln.Close() })
+	go func() {
+		for {
+			in, err := r.ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in); out.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+	return path
+}
+
+// apiClient talks to the harness's API server from the guest's namespace.
+func (m *machine) apiClient(t *testing.T) (kubernetes.Interface, string) {
+	t.Helper()
+	if m.lay.APIServer == "" {
+		t.Fatal("the harness started no API server for this case")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", layout.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	cfg.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, m.lay.APIServer)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kube, u.Host
+}
+
+func dialUnix(t *testing.T, path string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// Case 6: the real vfnet-driver, in a network namespace of its own as in a
+// pod without host networking, publishes the VFs and prepares a VF of a PF
+// in the initial namespace through --host-netns, then unprepares it.
+func TestDriverInOwnNetns(t *testing.T) {
+	m := guest(t)
+	kube, apiHost := m.apiClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create node %s: %v", nodeName, err)
+	}
+	pf := m.pf(t, layout.RoleNUMA1)
+	vf := pf.VFs[0]
+	before := m.vfState(t, pf, vf)
+
+	ns := podNetns(t, apiHost, m.lay.APIServer)
+	dir := t.TempDir()
+	regDir, pluginDir := filepath.Join(dir, "reg"), filepath.Join(dir, "plugin")
+	for _, d := range []string{regDir, pluginDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{layout.Driver, "--node-name", nodeName, "--kubeconfig", layout.Kubeconfig,
+		"--sysfs-root", "/sys", "--dev-root", "/dev", "--config", m.writeNodeConfig(t),
+		"--registrar-dir", regDir, "--plugin-dir", pluginDir, "--cdi-root", filepath.Join(dir, "cdi"),
+		"--kubelet-pods-dir", filepath.Join(dir, "pods"), "--host-netns", vflink.DefaultHostNetns}
+	drv := exec.Command("/proc/self/exe", append([]string{execInNetnsArg, ns}, args...)...)
+	var logs syncBuf
+	drv.Stdout, drv.Stderr = &logs, &logs
+	if err := drv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- drv.Wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = drv.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("vfnet-driver output:\n%s", logs.String())
+		}
+	}()
+
+	// The kubelet's side: registration, then the DRA service.
+	regSock := filepath.Join(regDir, discovery.DriverName+"-reg.sock")
+	waitFor(t, ctx, exited, "the registration socket "+regSock, func() bool { _, err := os.Stat(regSock); return err == nil })
+	own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", drv.Process.Pid))
+	host, _ := os.Readlink("/proc/1/ns/net")
+	t.Logf("driver pid %d in %s, PF %s in %s", drv.Process.Pid, own, pf.NetDev, host)
+	if own == host || own == "" {
+		t.Fatalf("the driver runs in network namespace %q, the host's is %q: want its own", own, host)
+	}
+	rc := registerapi.NewRegistrationClient(dialUnix(t, regSock))
+	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatal(err)
+	}
+	dra := drapb.NewDRAPluginClient(dialUnix(t, info.Endpoint))
+
+	// It publishes the VFs it can prepare: the PFs' netdevs are found
+	// through the host namespace although its own has none of them.
+	devName, err := discovery.DeviceName(vf.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, exited, "a ResourceSlice with "+devName, func() bool {
+		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range list.Items {
+			for _, d := range s.Spec.Devices {
+				if d.Name == devName && s.Spec.Driver == discovery.DriverName {
+					return true
+				}
+			}
+		}
+		return false
+	})
+
+	c := claim("netns", `{`+vfConfigHead+`,"mac":"02:00:00:00:06:01","vlan":61,"trust":true}`, vf)
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "vf", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
+	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
+	status := c.Status
+	c.Status = resourceapi.ResourceClaimStatus{}
+	c.UID = ""
+	created, err := kube.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create claim: %v", err)
+	}
+	created.Status = status
+	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("allocate claim: %v", err)
+	}
+	ref := []*drapb.Claim{{Namespace: created.Namespace, Name: created.Name, Uid: string(created.UID)}}
+	start := time.Now()
+	pr, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: ref})
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	res := pr.Claims[string(created.UID)]
+	if res == nil || res.Error != "" || len(res.Devices) != 1 {
+		t.Fatalf("NodePrepareResources: %+v", res)
+	}
+	t.Logf("prepared in %s: %v", time.Since(start).Round(time.Millisecond), res.Devices[0].CdiDeviceIds)
+	m.checkPrepared(t, pf, vf, vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0, 6, 1}, VLAN: 61, Trust: true, SpoofChk: before.Link.SpoofChk})
+
+	ur, err := dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: ref})
+	if err != nil {
+		t.Fatalf("NodeUnprepareResources: %v", err)
+	}
+	if r := ur.Claims[string(created.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("NodeUnprepareResources: %+v", r)
+	}
+	m.checkRestored(t, pf, vf, before)
+
+	if err := drv.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("vfnet-driver exited with %v after SIGTERM", err)
+		}
+	case <-time.After(time.Minute):
+		_ = drv.Process.Kill()
+		<-exited
+		t.Errorf("vfnet-driver did not stop within a minute of SIGTERM")
+	}
+}
+
+// waitFor polls cond until it holds, the driver exits or ctx ends.
+func waitFor(t *testing.T, ctx context.Context, exited chan error, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("vfnet-driver exited (%v) while waiting for %s", err, what)
+		case <-ctx.Done():
+			t.Fatalf("no %s: %v", what, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// syncBuf collects a child's output while it runs.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

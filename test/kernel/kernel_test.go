@@ -1,0 +1,184 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
+)
+
+// Gate and selection.
+const (
+	envGate  = "VFNET_REAL_KERNEL"  // "1": run the tier (make test-kernel sets it)
+	envCases = "VFNET_KERNEL_CASES" // comma-separated subset of layout.AllCases
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+func cacheDir(t *testing.T, repo string) string {
+	if c := os.Getenv("VFNET_CACHE"); c != "" {
+		return c
+	}
+	return filepath.Join(repo, ".cache")
+}
+
+// TestRealKernel boots a Debian kernel under QEMU with emulated igb SR-IOV
+// NICs behind an emulated Intel IOMMU and runs the guest cases
+// (test/kernel/guest) there, one subtest each. Everything it needs comes
+// from hack/kernel-deps.sh; when the gate is set and something is missing,
+// it fails naming it.
+func TestRealKernel(t *testing.T) {
+	if os.Getenv(envGate) != "1" {
+		t.Skipf("the real-kernel tier runs with %s=1 (make test-kernel)", envGate)
+	}
+	repo := repoRoot(t)
+	cache := cacheDir(t, repo)
+	start := time.Now()
+	deps := exec.Command(filepath.Join(repo, "hack", "kernel-deps.sh"))
+	deps.Env = append(os.Environ(), "VFNET_CACHE="+cache)
+	if out, err := deps.CombinedOutput(); err != nil {
+		t.Fatalf("hack/kernel-deps.sh failed (%v): the real-kernel tier cannot run:\n%s", err, out)
+	}
+	t.Logf("kernel-deps: %s", time.Since(start).Round(time.Millisecond))
+	env, err := LoadEnv(filepath.Join(cache, "kernel"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kernel %s, %s", env.KernelRelease, env.QEMUVersion)
+
+	cases := layout.AllCases()
+	if v := os.Getenv(envCases); v != "" {
+		cases = strings.Split(v, ",")
+		for _, c := range cases {
+			if !slices.Contains(layout.AllCases(), c) {
+				t.Fatalf("%s names %q; the cases are %v", envCases, c, layout.AllCases())
+			}
+		}
+	}
+
+	work := t.TempDir()
+	lay := layout.Default()
+	lay.Cases = cases
+	var kubeconfig string
+	if slices.ContainsFunc(cases, layout.NeedsAPIServer) {
+		// The real driver needs an API server: the guest reaches this
+		// one through QEMU's user-mode network.
+		plane := controlplane.StartForTest(t, controlplane.Options{})
+		u, err := url.Parse(plane.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay.APIServer = net.JoinHostPort(layout.GuestGateway, u.Port())
+		kubeconfig = plane.AdminKubeconfig
+	}
+	step := time.Now()
+	bins := buildGuestBinaries(t, repo, work)
+	t.Logf("guest binaries built: %s", time.Since(step).Round(time.Millisecond))
+	step = time.Now()
+	initrd := filepath.Join(env.Dir, "initramfs.cpio")
+	if err := env.BuildInitramfs(initrd, Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig}); err != nil {
+		t.Fatalf("build the guest initramfs: %v", err)
+	}
+	st, _ := os.Stat(initrd)
+	t.Logf("initramfs %d MiB built: %s", st.Size()>>20, time.Since(step).Round(time.Millisecond))
+
+	logPath := filepath.Join(env.Dir, "last-console.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	var console bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
+	defer cancel()
+	step = time.Now()
+	runErr := env.Run(ctx, initrd, cases, lay.APIServer != "", io.MultiWriter(logf, &console))
+	t.Logf("guest ran %s (console: %s)", time.Since(step).Round(time.Second), logPath)
+	saveTrace(t, console.String(), filepath.Join(env.Dir, "last-trace.json"))
+	parsed, err := ParseConsole(bytes.NewReader(console.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runErr != nil {
+		t.Errorf("%v\nlast console lines:\n%s", runErr, tail(console.String(), 40))
+	} else if !parsed.Done {
+		t.Errorf("the guest's init never finished; last console lines:\n%s", tail(console.String(), 40))
+	}
+	for _, c := range cases {
+		t.Run(c, func(t *testing.T) {
+			r, ok := parsed.Case(c)
+			switch {
+			case !ok:
+				t.Fatalf("case %s reported nothing; last console lines:\n%s", c, tail(console.String(), 40))
+			case r.Status == "PASS":
+				t.Logf("%s", r.Detail)
+			case r.Status == "SKIP":
+				t.Skipf("the guest skipped it %s:\n%s", r.Detail, r.Output)
+			case r.Status == "":
+				t.Fatalf("case %s never finished (guest died or hung); its output:\n%s", c, r.Output)
+			default:
+				t.Fatalf("case %s failed: %s\nguest output:\n%s", c, r.Detail, r.Output)
+			}
+		})
+	}
+}
+
+// saveTrace keeps the trace case's JSON, to update
+// test/kernel/scenario/kernel-trace.json from when the kernel changes.
+func saveTrace(t *testing.T, console, path string) {
+	for _, l := range strings.Split(console, "\n") {
+		if i := strings.Index(l, layout.MarkTrace+" "); i >= 0 {
+			data := strings.TrimSpace(l[i+len(layout.MarkTrace)+1:])
+			if err := os.WriteFile(path, []byte(data+"\n"), 0o644); err != nil {
+				t.Error(err)
+			}
+			t.Logf("kernel trace saved to %s", path)
+		}
+	}
+}
+
+type guestBinaries struct{ init, driver string }
+
+// buildGuestBinaries builds the case binary (the guest's /init) and
+// vfnet-driver, static (CGO_ENABLED=0): the guest has no C library of its own.
+func buildGuestBinaries(t *testing.T, repo, dir string) guestBinaries {
+	t.Helper()
+	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver")}
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	for _, args := range [][]string{
+		{"test", "-c", "-tags", "kernelguest", "-o", b.init, "./test/kernel/guest"},
+		{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.driver, "./cmd/vfnet-driver"},
+	} {
+		cmd := exec.Command(goBin, args...)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return b
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,105 @@
+// Package layout is the contract between the real-kernel harness (which
+// builds the QEMU machine and the guest image) and the guest cases: where
+// the emulated devices are and where the guest finds its files.
+package layout
+
+// Paths inside the guest.
+const (
+	// File holds the Layout as JSON.
+	File = "/etc/vfnet/layout.json"
+	// Driver is the static vfnet-driver binary.
+	Driver = "/usr/bin/vfnet-driver"
+	// IP is iproute2's ip (busybox's has no `vf` support).
+	IP = "/usr/sbin/ip"
+	// Busybox is busybox-static.
+	Busybox = "/bin/busybox"
+	// ModuleOrder lists the guest paths of the kernel modules to load, one a
+	// line, dependencies first.
+	ModuleOrder = "/lib/modules/order"
+	// Kubeconfig is the API server's admin kubeconfig (when the harness
+	// started one for the cases that run the real driver).
+	Kubeconfig = "/etc/vfnet/kubeconfig"
+	// MarkTrace starts the console line carrying the trace case's JSON.
+	MarkTrace = "VFNET-TRACE"
+	// CasesArg is the kernel command-line parameter listing the cases to
+	// run (comma-separated); without it every case runs.
+	CasesArg = "vfnet.cases"
+)
+
+// Roles of the emulated PFs.
+const (
+	// RoleMain is an igb PF alone behind its own pcie-root-port on the main
+	// root complex (NUMA node 0): each VF gets its own IOMMU group.
+	RoleMain = "main"
+	// RoleNUMA1 is an igb PF behind a root port of a second root complex
+	// (pxb-pcie) on NUMA node 1.
+	RoleNUMA1 = "numa1"
+	// RoleSharedGroup is an igb PF behind a root port without ACS: the PF,
+	// its VFs and the port share one IOMMU group.
+	RoleSharedGroup = "shared-group"
+)
+
+// PF is one emulated SR-IOV NIC.
+type PF struct {
+	Role string `json:"role"`
+	// Address is the PF's PCI address in the guest.
+	Address string `json:"address"`
+	// NUMANode and PCIeRoot are what the kernel must report for it and its
+	// VFs (NUMANode -1: none).
+	NUMANode int    `json:"numaNode"`
+	PCIeRoot string `json:"pcieRoot"`
+	// VFs is how many VFs the guest's init creates on it.
+	VFs int `json:"vfs"`
+}
+
+// Layout describes the guest machine.
+type Layout struct {
+	PFs []PF `json:"pfs"`
+	// Cases are the guest cases, in the order init runs them.
+	Cases []string `json:"cases"`
+	// APIServer is where the guest reaches the harness's API server
+	// ("10.0.2.2:<port>": QEMU's user-mode network forwards its host
+	// address to the host's loopback), "" when none was started. The
+	// kubeconfig names it 127.0.0.1:<port>, as the certificate does.
+	APIServer string `json:"apiServer,omitempty"`
+}
+
+// GuestAddr and GuestGateway configure the guest's user-mode network
+// interface (QEMU's defaults).
+const (
+	GuestAddr    = "10.0.2.15/24"
+	GuestGateway = "10.0.2.2"
+)
+
+// NeedsAPIServer reports whether a case runs the real driver, which needs
+// a Kubernetes API server.
+func NeedsAPIServer(c string) bool { return c == "netns" }
+
+// PF returns the PF with role, or false.
+func (l Layout) PF(role string) (PF, bool) {
+	for _, p := range l.PFs {
+		if p.Role == role {
+			return p, true
+		}
+	}
+	return PF{}, false
+}
+
+// Default is the machine TestRealKernel boots.
+func Default() Layout {
+	return Layout{
+		PFs: []PF{
+			// The main root complex has no ACPI proximity (_PXM): the
+			// kernel reports numa_node -1 for everything under it.
+			{Role: RoleMain, Address: "0000:01:00.0", NUMANode: -1, PCIeRoot: "pci0000:00", VFs: 4},
+			{Role: RoleSharedGroup, Address: "0000:02:00.0", NUMANode: -1, PCIeRoot: "pci0000:00", VFs: 2},
+			{Role: RoleNUMA1, Address: "0000:81:00.0", NUMANode: 1, PCIeRoot: "pci0000:80", VFs: 2},
+		},
+		Cases: AllCases(),
+	}
+}
+
+// AllCases are the guest cases (issue 11), in run order.
+func AllCases() []string {
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace"}
+}

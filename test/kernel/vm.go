@@ -1,0 +1,216 @@
+package kernel
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
+)
+
+// Env is what hack/kernel-deps.sh prepared ($VFNET_CACHE/kernel/env).
+type Env struct {
+	Dir           string
+	KernelRelease string
+	Vmlinux       string
+	Modules       string
+	QEMU          string
+	QEMUVersion   string
+	QEMULibPath   string
+	QEMUData      []string
+	Busybox       string
+	IP            string
+	GuestLibs     []string
+}
+
+// LoadEnv reads dir/env, the file kernel-deps.sh writes last.
+func LoadEnv(dir string) (*Env, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "env"))
+	if err != nil {
+		return nil, fmt.Errorf("read what hack/kernel-deps.sh prepared: %w", err)
+	}
+	kv := map[string]string{}
+	for _, l := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			kv[k] = v
+		}
+	}
+	e := &Env{
+		Dir: dir, KernelRelease: kv["KERNEL_RELEASE"], Vmlinux: kv["VMLINUX"], Modules: kv["MODULES"],
+		QEMU: kv["QEMU"], QEMUVersion: kv["QEMU_VERSION"], QEMULibPath: kv["QEMU_LD_LIBRARY_PATH"],
+		QEMUData: filepath.SplitList(kv["QEMU_DATA"]), Busybox: kv["BUSYBOX"], IP: kv["IP"],
+		GuestLibs: filepath.SplitList(kv["GUEST_LIBS"]),
+	}
+	for name, p := range map[string]string{"VMLINUX": e.Vmlinux, "MODULES": e.Modules, "QEMU": e.QEMU, "BUSYBOX": e.Busybox, "IP": e.IP} {
+		if p == "" {
+			return nil, fmt.Errorf("%s/env has no %s: rerun hack/kernel-deps.sh", dir, name)
+		}
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("%s (%s in %s/env) is missing: remove %s/ready and rerun hack/kernel-deps.sh", p, name, dir, dir)
+		}
+	}
+	return e, nil
+}
+
+// GuestModules are the kernel modules the guest loads (with what they need).
+func GuestModules() []string {
+	return []string{"vfio", "vfio_iommu_type1", "vfio_pci", "igb", "igbvf", "virtio_pci", "virtio_net"}
+}
+
+// Image is what goes into the guest's initramfs besides the system files.
+type Image struct {
+	// Init is the guest's /init: the static case binary (go test -c).
+	Init string
+	// Driver is the static vfnet-driver binary.
+	Driver string
+	Layout layout.Layout
+	// Kubeconfig, when set, is copied to layout.Kubeconfig.
+	Kubeconfig string
+}
+
+// BuildInitramfs writes the guest's initramfs to out.
+func (e *Env) BuildInitramfs(out string, img Image) error {
+	mods, err := LoadModules(e.Modules)
+	if err != nil {
+		return err
+	}
+	order, err := mods.Order(GuestModules())
+	if err != nil {
+		return err
+	}
+	libs, err := SharedLibs(e.IP, e.GuestLibs)
+	if err != nil {
+		return fmt.Errorf("iproute2's ip: %w", err)
+	}
+	lay, err := json.MarshalIndent(img.Layout, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	w := bufio.NewWriterSize(f, 1<<20)
+	c := NewCPIO(w)
+	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "etc/vfnet", "var/lib", "usr/bin", "usr/sbin", "bin", "sbin"} {
+		c.Dir(d, 0o755)
+	}
+	c.CopyFile("/init", img.Init)
+	c.CopyFile(layout.Driver, img.Driver)
+	c.CopyFile(layout.Busybox, e.Busybox)
+	c.Symlink("/bin/sh", "busybox")
+	c.CopyFile(layout.IP, e.IP)
+	guestLibs := slices.Sorted(func(yield func(string) bool) {
+		for g := range libs {
+			if !yield(g) {
+				return
+			}
+		}
+	})
+	for _, g := range guestLibs {
+		c.CopyFile(g, libs[g])
+	}
+	c.File(layout.File, 0o644, lay)
+	if img.Kubeconfig != "" {
+		c.CopyFile(layout.Kubeconfig, img.Kubeconfig)
+	}
+	var list bytes.Buffer
+	for i, p := range order {
+		g := fmt.Sprintf("/lib/modules/%02d-%s.ko", i, ModuleName(p))
+		c.CopyFile(g, p)
+		fmt.Fprintln(&list, g)
+	}
+	c.File(layout.ModuleOrder, 0o644, list.Bytes())
+	if err := c.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, out)
+}
+
+// QEMUArgs is the machine: q35 with an emulated Intel IOMMU (interrupt
+// remapping needs the split irqchip; caching-mode lets vfio map DMA), two
+// NUMA nodes, and the igb PFs of the layout each behind its own root port.
+// With userNet, a virtio NIC on QEMU's user-mode network lets the guest
+// reach the host's loopback (the harness's API server) at 10.0.2.2.
+func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
+	args := []string{}
+	for _, d := range e.QEMUData {
+		args = append(args, "-L", d)
+	}
+	cmdline := []string{
+		"console=ttyS0", "intel_iommu=on", "iommu=pt",
+		// Without it a loaded host can panic the guest early: "timer
+		// doesn't work through Interrupt-remapped IO-APIC".
+		"no_timer_check",
+		"panic=-1", "loglevel=4", "rdinit=/init",
+	}
+	if len(cases) > 0 {
+		cmdline = append(cmdline, layout.CasesArg+"="+strings.Join(cases, ","))
+	}
+	args = append(args,
+		"-machine", "q35,kernel-irqchip=split", "-accel", "tcg",
+		"-smp", "2", "-m", "768M",
+		"-object", "memory-backend-ram,id=m0,size=384M", "-object", "memory-backend-ram,id=m1,size=384M",
+		"-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", "node,nodeid=1,cpus=1,memdev=m1",
+		"-nodefaults", "-display", "none", "-no-reboot", "-serial", "stdio", "-monitor", "none",
+		"-kernel", e.Vmlinux, "-initrd", initrd, "-append", strings.Join(cmdline, " "),
+		"-device", "intel-iommu,intremap=on,caching-mode=on",
+		// main: 0000:01:00.0
+		"-device", "pcie-root-port,id=rp1,bus=pcie.0,addr=0x2,chassis=1",
+		"-device", "igb,bus=rp1,addr=0x0",
+		// shared-group: 0000:02:00.0, no ACS on its port
+		"-device", "pcie-root-port,id=rp2,bus=pcie.0,addr=0x3,chassis=2,disable-acs=on",
+		"-device", "igb,bus=rp2,addr=0x0",
+		// numa1: a second root complex on NUMA node 1, 0000:81:00.0
+		"-device", "pxb-pcie,id=pxb1,bus=pcie.0,addr=0x4,bus_nr=0x80,numa_node=1",
+		"-device", "pcie-root-port,id=rp3,bus=pxb1,addr=0x0,chassis=3",
+		"-device", "igb,bus=rp3,addr=0x0",
+	)
+	if userNet {
+		args = append(args, "-netdev", "user,id=api,ipv6=off", "-device", "virtio-net-pci,netdev=api,bus=pcie.0,addr=0x5,romfile=")
+	}
+	return args
+}
+
+// Run boots the guest, copies its console to console (and to log), and
+// waits for the guest to power off or ctx to end.
+func (e *Env) Run(ctx context.Context, initrd string, cases []string, userNet bool, console io.Writer) error {
+	cmd := exec.CommandContext(ctx, e.QEMU, e.QEMUArgs(initrd, cases, userNet)...)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+e.QEMULibPath)
+	cmd.Stdout = console
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		return fmt.Errorf("the guest did not power off in time (%w); QEMU said: %s", ctx.Err(), stderr.String())
+	}
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return fmt.Errorf("QEMU failed (%v): %s", err, stderr.String())
+		}
+		return fmt.Errorf("start QEMU %s: %w", e.QEMU, err)
+	}
+	return nil
+}

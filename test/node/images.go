@@ -1,0 +1,209 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/vfnet-io/vfnet/pkg/ociimage"
+)
+
+// Image names on the node. The driver and binding images are what `make
+// images` writes (the overlay and the KubeVirt CR point at them); the
+// launcher stand-in carries KubeVirt's launcher image name, which the
+// rendered pod runs.
+const (
+	DriverImage   = "vfnet-driver:dev"
+	BindingImage  = "vfnet-binding:dev"
+	PauseImage    = "vfnet.test/pause:1"
+	LauncherImage = "quay.io/kubevirt/virt-launcher:v1.9.0"
+	// ContainerDiskImage is the example VM's disk (a stand-in holding an
+	// empty disk file: no VM boots).
+	ContainerDiskImage = "quay.io/containerdisks/fedora:latest"
+)
+
+// LauncherPodArgs are genlauncherpod's flags for the pod the tier runs: the
+// VMI as virt-api mutates it (non-root: containers run as 107) and the
+// binding sidecar with the VM's claims, as KubeVirt renders it from v1.10.
+var LauncherPodArgs = []string{"-virt-api-mutations", "-v110-sidecar-claims"}
+
+// Artifacts are what the parent test builds before entering the namespace
+// (the namespace has no network: nothing may need the module proxy there).
+type Artifacts struct {
+	// Images maps an image name to its OCI archive.
+	Images map[string]string
+	// GenLauncherPod and GenCRDs are test/kubevirt's commands, built.
+	GenLauncherPod, GenCRDs string
+	// KubeVirtCR is manifests/kubevirt/binding-patch.yaml with sidecarImage
+	// set to BindingImage, as a cluster admin registers their own image.
+	KubeVirtCR string
+	// VMI is the example VM's VMI (JSON) the stand-in image carries.
+	VMI string
+}
+
+// goBuild runs go build in dir with env added, writing out.
+func goBuild(ctx context.Context, dir, out, pkg string, env []string, flags ...string) error {
+	args := append([]string{"build"}, flags...)
+	args = append(args, "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build %s (in %s): %w\n%s", pkg, dir, err, stderr.String())
+	}
+	return nil
+}
+
+// BuildImages builds every image the node runs into dir/images and test/kubevirt's
+// generators into dir/bin, and prepares the KubeVirt CR and the VMI.
+func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
+	a := &Artifacts{Images: map[string]string{}}
+	bin := filepath.Join(dir, "bin")
+	imgDir := filepath.Join(dir, "images")
+	for _, d := range []string{bin, imgDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	static := []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=" + runtime.GOARCH}
+	kvDir := filepath.Join(repo, "test", "kubevirt")
+	// KubeVirt's module needs this for libvirt.org/go/libvirt (README there).
+	kvEnv := append(static, "GONOSUMDB=libvirt.org/go/libvirt")
+
+	// The product images, exactly as hack/mkimages makes them.
+	for _, p := range []struct {
+		pkg, ref string
+		image    func(ref, arch string, bin []byte) ociimage.Image
+	}{
+		{"./cmd/vfnet-driver", DriverImage, ociimage.Driver},
+		{"./cmd/vfnet-binding", BindingImage, ociimage.Binding},
+	} {
+		out := filepath.Join(bin, filepath.Base(p.pkg))
+		if err := goBuild(ctx, repo, out, p.pkg, static, ociimage.GoBuildArgs()...); err != nil {
+			return nil, err
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			return nil, err
+		}
+		if err := a.write(imgDir, p.image(p.ref, runtime.GOARCH, data)); err != nil {
+			return nil, err
+		}
+	}
+
+	// The sandbox ("pause") image.
+	pause := filepath.Join(bin, "pause")
+	if err := goBuild(ctx, repo, pause, "./test/node/internal/pause", static, "-trimpath", "-ldflags=-s -w"); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(pause)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.write(imgDir, ociimage.Image{Ref: PauseImage, Arch: runtime.GOARCH,
+		Files: []ociimage.File{{Path: "/pause", Mode: 0o755, Data: data}}, Entrypoint: []string{"/pause"}}); err != nil {
+		return nil, err
+	}
+
+	// test/kubevirt's generators, run later inside the namespace.
+	a.GenLauncherPod = filepath.Join(bin, "genlauncherpod")
+	a.GenCRDs = filepath.Join(bin, "gencrds")
+	for _, c := range []struct{ out, pkg string }{{a.GenLauncherPod, "./cmd/genlauncherpod"}, {a.GenCRDs, "./cmd/gencrds"}} {
+		if err := goBuild(ctx, kvDir, c.out, c.pkg, kvEnv); err != nil {
+			return nil, err
+		}
+	}
+
+	// The KubeVirt CR a cluster admin applies, with their binding image.
+	cr, err := os.ReadFile(filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]any
+	if err := yaml.Unmarshal(cr, &obj); err != nil {
+		return nil, fmt.Errorf("manifests/kubevirt/binding-patch.yaml: %w", err)
+	}
+	vfnet, ok := dig(obj, "spec", "configuration", "network", "binding", "vfnet")
+	if !ok {
+		return nil, fmt.Errorf("manifests/kubevirt/binding-patch.yaml has no spec.configuration.network.binding.vfnet")
+	}
+	vfnet["sidecarImage"] = BindingImage
+	cr, err = yaml.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	a.KubeVirtCR = filepath.Join(dir, "kubevirt-cr.yaml")
+	if err := os.WriteFile(a.KubeVirtCR, cr, 0o644); err != nil {
+		return nil, err
+	}
+	// The example VM's VMI, as virt-controller makes it; its launcher pod
+	// is rendered again inside with the VMI's real UID.
+	a.VMI = filepath.Join(dir, "vmi.json")
+	cmd := exec.CommandContext(ctx, a.GenLauncherPod, append([]string{"-kubevirt", a.KubeVirtCR,
+		"-vm", filepath.Join(repo, "manifests", "examples", "vm.yaml"), "-vmi-out", a.VMI}, LauncherPodArgs...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if _, err := cmd.Output(); err != nil {
+		return nil, fmt.Errorf("genlauncherpod: %w\n%s", err, stderr.String())
+	}
+	vmi, err := os.ReadFile(a.VMI)
+	if err != nil {
+		return nil, err
+	}
+
+	// The compute container's stand-in: KubeVirt's hook manager and
+	// converter, at the path the rendered pod runs.
+	standin := filepath.Join(bin, "launcherstandin")
+	if err := goBuild(ctx, kvDir, standin, "./cmd/launcherstandin", kvEnv, "-trimpath"); err != nil {
+		return nil, err
+	}
+	if data, err = os.ReadFile(standin); err != nil {
+		return nil, err
+	}
+	if err := a.write(imgDir, ociimage.Image{Ref: LauncherImage, Arch: runtime.GOARCH,
+		Files: []ociimage.File{
+			{Path: "/usr/bin/virt-launcher-monitor", Mode: 0o755, Data: data},
+			{Path: "/usr/bin/virt-tail", Symlink: "virt-launcher-monitor"},
+			{Path: "/usr/bin/container-disk", Symlink: "virt-launcher-monitor"},
+			{Path: "/etc/vfnet-standin/vmi.json", Mode: 0o644, Data: vmi},
+		},
+		Entrypoint: []string{"/usr/bin/virt-launcher-monitor"}, User: "107:107"}); err != nil {
+		return nil, err
+	}
+	if err := a.write(imgDir, ociimage.Image{Ref: ContainerDiskImage, Arch: runtime.GOARCH,
+		Files: []ociimage.File{{Path: "/disk/disk.img", Mode: 0o644, UID: 107, GID: 107}}}); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Artifacts) write(dir string, im ociimage.Image) error {
+	name := strings.NewReplacer("/", "_", ":", "_").Replace(im.Ref) + ".tar"
+	file := filepath.Join(dir, name)
+	if err := ociimage.WriteArchiveFile(file, im); err != nil {
+		return err
+	}
+	a.Images[im.Ref] = file
+	return nil
+}
+
+func dig(obj map[string]any, path ...string) (map[string]any, bool) {
+	cur := obj
+	for _, p := range path {
+		next, ok := cur[p].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		cur = next
+	}
+	return cur, true
+}

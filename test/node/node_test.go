@@ -1,0 +1,227 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
+)
+
+// envChild carries the scratch directory to the test binary re-run inside
+// the node's namespaces.
+const envChild = "VFNET_REAL_NODE_CHILD"
+
+// steps are the subtests run inside, in order; each needs the ones before.
+var steps = []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare"}
+
+// TestRealNode: a real kubelet and containerd with vfnet installed from its
+// manifests; see the package doc. The subtests run in a re-executed copy of
+// this test binary inside a new mount + network namespace; this (parent)
+// process mirrors their results as its own subtests, then kills whatever
+// the node left, and CheckClean checks the host is as before.
+func TestRealNode(t *testing.T) {
+	if dir := os.Getenv(envChild); dir != "" {
+		runInside(t, dir)
+		return
+	}
+	if os.Getenv(EnvGate) != "1" {
+		t.Skipf("real-node tier is off: set %s=1 (make test-node)", EnvGate)
+	}
+	ctx := klog.NewContext(context.Background(), klog.Background())
+	parts, err := FindParts(ctx)
+	if err != nil {
+		t.Fatalf("real-node tier: parts missing:\n%v", err)
+	}
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := ownerdir.Make(klog.Background(), "vfnet-node-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	art, err := BuildImages(ctx, repo, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("build images: %v", err)
+	}
+	t.Logf("images and generators built in %s", time.Since(start).Round(time.Second))
+	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo}); err != nil {
+		t.Fatal(err)
+	}
+	// Shims daemonize; as a subreaper this process inherits them (and so
+	// can find and reap them) instead of init.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("become a subreaper: %v", err)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRealNode$", "-test.v", "-test.count=1", "-test.timeout=30m")
+	cmd.Env = append(os.Environ(), envChild+"="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("re-run the test in new namespaces (root needed): %v", err)
+	}
+	mnt, _ := MountNS(cmd.Process.Pid)
+	results := map[string]string{}
+	var detail sync.Map
+	res := regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): TestRealNode/(\S+) \(`)
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	cur := ""
+	for sc.Scan() {
+		line := sc.Text()
+		// Indented, so `go test -json` does not take them for this
+		// process's own test events.
+		fmt.Println("    | " + line)
+		if m := res.FindStringSubmatch(line); m != nil {
+			results[m[2]] = m[1]
+		}
+		if strings.HasPrefix(line, "=== RUN   TestRealNode/") {
+			cur = strings.TrimPrefix(line, "=== RUN   TestRealNode/")
+		}
+		if cur != "" {
+			v, _ := detail.LoadOrStore(cur, &strings.Builder{})
+			v.(*strings.Builder).WriteString(line + "\n")
+		}
+	}
+	childErr := cmd.Wait()
+	t.Logf("node run (bring-up, subtests, teardown) took %s", time.Since(start).Round(time.Second))
+
+	for _, s := range steps {
+		t.Run(s, func(t *testing.T) {
+			d := ""
+			if v, ok := detail.Load(s); ok {
+				d = v.(*strings.Builder).String()
+			}
+			switch results[s] {
+			case "PASS":
+			case "SKIP":
+				t.Skip("skipped inside the node")
+			case "FAIL":
+				t.Errorf("failed inside the node:\n%s", d)
+			default:
+				t.Errorf("did not run inside the node (see the node test's output above)")
+			}
+		})
+	}
+	if childErr != nil && !t.Failed() {
+		t.Errorf("node test process: %v", childErr)
+	}
+
+	t.Run("CheckClean", func(t *testing.T) {
+		killed, err := Sweep(mnt, os.Getpid(), 30*time.Second)
+		if len(killed) > 0 {
+			t.Errorf("processes left by the node (now killed): %v", killed)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+		after, err := Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := before.Diff(after); len(left) > 0 {
+			t.Errorf("left on the host after teardown: %v", left)
+			if err := before.RemoveCgroups(after); err != nil {
+				t.Error(err)
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove scratch dir: %v", err)
+		}
+		if mnt != "" {
+			if left := Leftovers(mnt, os.Getpid()); len(left) > 0 {
+				t.Errorf("processes of the node's namespace still running: %v", left)
+			}
+		}
+	})
+}
+
+// handoff is what the parent passes to the run inside.
+type handoff struct {
+	Parts     Parts
+	Artifacts Artifacts
+	Repo      string
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// runInside is the node run: namespace, node, subtests, teardown.
+func runInside(t *testing.T, dir string) {
+	var h handoff
+	b, err := os.ReadFile(filepath.Join(dir, "handoff.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := EnterNamespace(dir); err != nil {
+		t.Fatalf("enter the node's namespace: %v", err)
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
+	defer cancel()
+	start := time.Now()
+	n, err := Up(ctx, dir, h.Parts, h.Artifacts.Images)
+	if err != nil {
+		t.Fatalf("bring the node up: %v", err)
+	}
+	t.Logf("node up in %s: %v", time.Since(start).Round(100*time.Millisecond), n.Timings)
+	defer func() {
+		down := time.Now()
+		if err := n.Down(context.Background()); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+		t.Logf("teardown took %s", time.Since(down).Round(100*time.Millisecond))
+	}()
+	e := &env{Node: n, art: h.Artifacts, repo: h.Repo}
+	run := map[string]func(*testing.T){
+		"Install":           e.testInstall,
+		"VFPod":             e.testVFPod,
+		"LauncherPod":       e.testLauncherPod,
+		"RolloutRestart":    e.testRolloutRestart,
+		"KillDuringPrepare": e.testKillDuringPrepare,
+	}
+	for _, s := range steps {
+		begin := time.Now()
+		if !t.Run(s, run[s]) {
+			t.Logf("%s failed: the later steps need it; stopping", s)
+			return
+		}
+		t.Logf("%s took %s", s, time.Since(begin).Round(100*time.Millisecond))
+	}
+}

@@ -1,0 +1,101 @@
+// Package node runs the real-node tier: a real kubelet v1.37.2 with
+// containerd 2.4.2 and runc, next to the real control plane
+// (test/controlplane), with vfnet installed from manifests/ as a cluster
+// admin would (kubectl apply -k of a test overlay), all inside one private
+// mount + network namespace of this machine, so nothing on the host changes
+// and no traffic leaves. The SR-IOV hardware under the driver is pkg/simhost
+// (--simulate); everything above it is real.
+//
+// TestRealNode (VFNET_REAL_NODE=1, `make test-node`) re-runs its own test
+// binary in new namespaces; this package holds what that run needs: the
+// parts (Parts), the images (BuildImages), the namespace and the node
+// (Up/Down), and the host checks around it (Snapshot, Sweep).
+//
+// Facts and workarounds it relies on: docs of the project
+// (shared/docs/real-node.md): cgroup v1 (failCgroupV1: false, cgroupfs, no
+// QoS cgroups), kernel tunables the kubelet would rewrite (read-only
+// bind mounts with its values in the private namespace), no
+// CAP_SYS_RESOURCE (restrict_oom_score_adj), hard-coded paths (/run,
+// /var/lib, /var/log bound from the scratch directory), no kube-proxy (the
+// service IP 10.96.0.1:443 forwarded to the API server by this process).
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/vfnet-io/vfnet/test/controlplane"
+)
+
+// Environment variables.
+const (
+	// EnvGate turns the tier on ("1"); without it TestRealNode skips.
+	EnvGate = "VFNET_REAL_NODE"
+	// EnvNodeBin names a directory with containerd,
+	// containerd-shim-runc-v2 and ctr; default: test/nodetools/build.sh's
+	// cache directory.
+	EnvNodeBin = "VFNET_NODE_BIN"
+)
+
+// CNIDir is where Debian's containernetworking-plugins puts the plugins.
+const CNIDir = "/usr/lib/cni"
+
+// Parts are the programs the node runs, all found before anything starts.
+type Parts struct {
+	// K8sBin holds kubelet, kubectl and the control plane.
+	K8sBin string
+	// NodeBin holds containerd, containerd-shim-runc-v2 and ctr.
+	NodeBin string
+	// Runc is Debian's runc.
+	Runc string
+	// CNIBin holds the bridge, host-local and loopback plugins.
+	CNIBin string
+}
+
+// FindParts locates every part and says, for each missing one, how to get
+// it. It never builds: a cold kubelet build takes 18 CPU-minutes.
+func FindParts(ctx context.Context) (Parts, error) {
+	var p Parts
+	var errs []error
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		return p, err
+	}
+	if p.K8sBin, err = controlplane.BinDir(ctx); err != nil {
+		errs = append(errs, err)
+	} else if _, err := os.Stat(filepath.Join(p.K8sBin, "kubelet")); err != nil {
+		errs = append(errs, fmt.Errorf("kubelet missing in %s (an older cache?): run test/tools/build.sh", p.K8sBin))
+	}
+	if dir := os.Getenv(EnvNodeBin); dir != "" {
+		p.NodeBin = dir
+	} else {
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test", "nodetools", "build.sh"), "--dir").Output()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("test/nodetools/build.sh --dir: %w", err))
+		}
+		p.NodeBin = strings.TrimSpace(string(out))
+	}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		if st, err := os.Stat(filepath.Join(p.NodeBin, b)); err != nil || st.Mode()&0o111 == 0 {
+			errs = append(errs, fmt.Errorf("%s missing in %s: run test/nodetools/build.sh (about 4 CPU-minutes the first time) or set %s", b, p.NodeBin, EnvNodeBin))
+		}
+	}
+	if p.Runc, err = exec.LookPath("runc"); err != nil {
+		errs = append(errs, fmt.Errorf("runc not found: install the Debian package runc (make deps)"))
+	}
+	p.CNIBin = CNIDir
+	for _, b := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(CNIDir, b)); err != nil {
+			errs = append(errs, fmt.Errorf("CNI plugin %s missing in %s: install the Debian package containernetworking-plugins (make deps)", b, CNIDir))
+		}
+	}
+	if os.Geteuid() != 0 {
+		errs = append(errs, errors.New("the real-node tier needs root (private namespaces, mounts, a kubelet)"))
+	}
+	return p, errors.Join(errs...)
+}
