@@ -181,6 +181,43 @@ func TestConcurrentAndKilled(t *testing.T) {
 		}
 	})
 
+	// The real vfnet-driver process (in a pod-like namespace, against the
+	// harness's API server) SIGKILLed while the kubelet's prepare call is
+	// in flight, as soon as its checkpoint names the claim; a restarted
+	// one finishes the prepare when the kubelet retries and undoes it on
+	// unprepare.
+	t.Run("real-driver-killed", func(t *testing.T) {
+		kube, apiHost := m.apiClient(t)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		apiNode(t, ctx, kube)
+		vf := pf.VFs[2]
+		before := m.vfState(t, pf, vf)
+		ns, dir := podNetns(t, apiHost, m.lay.APIServer), t.TempDir()
+		ref := apiClaim(t, ctx, kube, "killed-driver", fmt.Sprintf(`{%s,"mac":"02:00:00:00:09:01","vlan":77,"trust":true}`, vfConfigHead), vf)
+		d1 := m.startDriver(t, ctx, ns, dir)
+		calls := make(chan error, 1)
+		go func() { _, err := d1.prepare(ctx, ref); calls <- err }()
+		cp := filepath.Join(dir, "plugin", "checkpoint.json")
+		waitFor(t, ctx, d1.exited, "the claim in the driver's checkpoint", func() bool {
+			data, _ := os.ReadFile(cp)
+			return strings.Contains(string(data), ref.Uid)
+		})
+		d1.kill(t)
+		err := <-calls
+		t.Logf("killed mid-prepare (the kubelet's call: %v): %s", err, m.vfState(t, pf, vf))
+		d2 := m.startDriver(t, ctx, ns, dir)
+		if _, err := d2.prepare(ctx, ref); err != nil {
+			t.Fatalf("prepare after restart: %v", err)
+		}
+		m.checkPrepared(t, pf, vf, vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0, 9, 1}, VLAN: 77, Trust: true, SpoofChk: before.Link.SpoofChk})
+		if err := d2.unprepare(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		m.checkRestored(t, pf, vf, before, false)
+		d2.stop(t)
+	})
+
 	vf := pf.VFs[0]
 	want := vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0, 8, 1}, VLAN: 42, QoS: 1, Trust: true, MaxTxRateMbps: 100}
 	c := claim("killed", fmt.Sprintf(`{%s,"mac":"02:00:00:00:08:01","vlan":42,"qos":1,"spoofChk":false,"trust":true,"maxTxRateMbps":100}`, vfConfigHead), vf)
