@@ -13,15 +13,14 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // VMIResource is the KubeVirt VMI resource the lookup reads.
@@ -29,24 +28,28 @@ var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1
 
 // VMIGetter reads one VMI.
 type VMIGetter interface {
-	GetVMI(ctx context.Context, namespace, name string) (*kubevirtv1.VirtualMachineInstance, error)
+	GetVMI(ctx context.Context, namespace, name string) (*vmiview.VMI, error)
 }
 
-// DynamicVMIGetter reads VMIs through a dynamic client, so the driver needs
-// no KubeVirt client library.
+// DynamicVMIGetter reads VMIs through a dynamic client into vmiview types,
+// so the driver needs neither a KubeVirt client nor kubevirt.io/api.
 type DynamicVMIGetter struct{ Client dynamic.Interface }
 
 // GetVMI implements VMIGetter.
-func (g DynamicVMIGetter) GetVMI(ctx context.Context, namespace, name string) (*kubevirtv1.VirtualMachineInstance, error) {
+func (g DynamicVMIGetter) GetVMI(ctx context.Context, namespace, name string) (*vmiview.VMI, error) {
 	u, err := g.Client.Resource(VMIResource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	var vmi kubevirtv1.VirtualMachineInstance
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vmi); err != nil {
-		return nil, fmt.Errorf("decode VirtualMachineInstance %s/%s: %w", namespace, name, err)
+	b, err := u.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("VirtualMachineInstance %s/%s: %w", namespace, name, err)
 	}
-	return &vmi, nil
+	vmi, err := vmiview.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("VirtualMachineInstance %s/%s: %w", namespace, name, err)
+	}
+	return vmi, nil
 }
 
 // Lookup finds VM interface MACs for claims.
@@ -96,7 +99,7 @@ func (l Lookup) Find(ctx context.Context, claim *resourceapi.ResourceClaim, requ
 	base, _, _ := strings.Cut(request, "/")
 	binding := l.BindingName
 	if binding == "" {
-		binding = kubevirtvmi.DefaultBindingName
+		binding = vmiview.DefaultBindingName
 	}
 	var noMAC *Result
 	for _, ref := range claim.Status.ReservedFor {
@@ -132,22 +135,22 @@ func (l Lookup) Find(ctx context.Context, claim *resourceapi.ResourceClaim, requ
 		if err != nil {
 			return Result{}, false, fmt.Errorf("get VirtualMachineInstance %s/%s owning pod %s: %w", pod.Namespace, owner.Name, pod.Name, err)
 		}
-		if vmi.UID != owner.UID {
+		if types.UID(vmi.Metadata.UID) != owner.UID {
 			continue
 		}
-		ci, found, err := kubevirtvmi.InterfaceForClaim(vmi, binding, podClaimName, base)
+		ci, found, err := vmi.InterfaceForClaim(binding, podClaimName, base)
 		if err != nil {
-			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s: %w", vmi.Namespace, vmi.Name, err)
+			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s: %w", pod.Namespace, owner.Name, err)
 		}
 		if !found {
 			continue
 		}
 		_, annotated := claim.Annotations[resourceapi.PodResourceClaimAnnotation]
 		r := Result{
-			VMI: vmi.Namespace + "/" + vmi.Name, Interface: ci.Interface.Name,
+			VMI: pod.Namespace + "/" + owner.Name, Interface: ci.Interface.Name,
 			Ref: &corev1.ObjectReference{
 				APIVersion: owner.APIVersion, Kind: owner.Kind,
-				Namespace: vmi.Namespace, Name: vmi.Name, UID: vmi.UID,
+				Namespace: pod.Namespace, Name: owner.Name, UID: owner.UID,
 			},
 			FromTemplate: annotated || ci.FromTemplate(),
 		}
@@ -158,7 +161,7 @@ func (l Lookup) Find(ctx context.Context, claim *resourceapi.ResourceClaim, requ
 			continue
 		}
 		if r.MAC, err = v1alpha1.ParseMAC(ci.Interface.MacAddress); err != nil {
-			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s interface %q: %w", vmi.Namespace, vmi.Name, ci.Interface.Name, err)
+			return Result{}, false, fmt.Errorf("VirtualMachineInstance %s/%s interface %q: %w", pod.Namespace, owner.Name, ci.Interface.Name, err)
 		}
 		return r, true, nil
 	}

@@ -1,9 +1,8 @@
-// Package kubevirtvmi answers, for vfnet-driver's code that holds
-// kubevirt.io/api's VirtualMachineInstance, the questions both vfnet programs
-// ask of a VMI: which interfaces use the vfnet binding, and which DRA claim
-// and request back each of them. The answers come from pkg/vmiview, which
-// vfnet-binding uses directly on the VMI JSON, so both programs apply one
-// set of rules.
+// Package kubevirtvmi converts kubevirt.io/api's VirtualMachineInstance into
+// pkg/vmiview's view, for tests and harnesses that build VMIs with
+// kubevirt.io/api's types. Neither vfnet program imports it: both read VMIs
+// as vmiview types (see vmiview's package comment), and
+// TestViewMatchesKubeVirtAPI here pins those types to kubevirt.io/api's JSON.
 package kubevirtvmi
 
 import (
@@ -22,7 +21,7 @@ type ClaimInterface = vmiview.ClaimInterface
 
 // View copies the fields vmiview reads out of vmi.
 func View(vmi *kubevirtv1.VirtualMachineInstance) *vmiview.VMI {
-	v := &vmiview.VMI{Metadata: vmiview.Metadata{Name: vmi.Name, Namespace: vmi.Namespace}}
+	v := &vmiview.VMI{Metadata: vmiview.Metadata{Name: vmi.Name, Namespace: vmi.Namespace, UID: string(vmi.UID), ResourceVersion: vmi.ResourceVersion}}
 	for _, i := range vmi.Spec.Domain.Devices.Interfaces {
 		vi := vmiview.Interface{Name: i.Name, MacAddress: i.MacAddress, PciAddress: i.PciAddress, BootOrder: i.BootOrder}
 		if i.Binding != nil {
@@ -43,9 +42,21 @@ func View(vmi *kubevirtv1.VirtualMachineInstance) *vmiview.VMI {
 		})
 	}
 	if ms := vmi.Status.MigrationState; ms != nil {
-		vm := &vmiview.MigrationState{Completed: ms.Completed, Failed: ms.Failed, TargetPod: ms.TargetPod}
-		if ms.TargetState != nil {
-			vm.TargetState = &vmiview.TargetState{Pod: ms.TargetState.Pod}
+		vm := &vmiview.MigrationState{
+			MigrationUID: string(ms.MigrationUID),
+			SourceNode:   ms.SourceNode, SourcePod: ms.SourcePod, TargetNode: ms.TargetNode, TargetPod: ms.TargetPod,
+			Completed: ms.Completed, Failed: ms.Failed, AbortStatus: string(ms.AbortStatus),
+		}
+		if ms.StartTimestamp != nil {
+			t := ms.StartTimestamp.UTC() // as JSON carries it
+			vm.StartTimestamp = &t
+		}
+		if s := ms.SourceState; s != nil {
+			vm.SourceState = &vmiview.SourceState{Node: s.Node, Pod: s.Pod, MigrationUID: string(s.MigrationUID)}
+		}
+		if t := ms.TargetState; t != nil {
+			vm.TargetState = &vmiview.TargetState{Node: t.Node, Pod: t.Pod, MigrationUID: string(t.MigrationUID),
+				DomainName: t.DomainName, DomainNamespace: t.DomainNamespace}
 		}
 		v.Status.MigrationState = vm
 	}

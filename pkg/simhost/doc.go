@@ -29,7 +29,10 @@
 // Root ports are bound to pcieport. RenameNetdev renames like `ip link set
 // name` (EBUSY while up; a PF's VF settings follow it). ProcRoot is an empty
 // synthetic /proc; HoldVFIOGroup adds a process holding /dev/vfio/<group>
-// open (<proc>/<pid>/fd/<n> -> the node, <pid>/comm).
+// open (<proc>/<pid>/fd/<n> -> the node, <pid>/comm). Reboot restarts the
+// kernel from the host as built (boot drivers, VFs, names and groups; no
+// overrides, new_id entries, VF settings, /dev/vfio group nodes or group
+// holders); files outside the simulation, such as a checkpoint, survive.
 //
 // Fixtures: E810PF, ConnectX6DxPF, ConnectX6DxIBPF, I350PF, PlainNIC build
 // PFSpecs; E810Host, ConnectX6DxHost, I350Host, MixedHost (every case on

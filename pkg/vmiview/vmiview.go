@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // DefaultBindingName is the name the binding is registered under in the
@@ -33,8 +34,10 @@ type VMI struct {
 
 // Metadata is the VMI's object metadata vfnet reads.
 type Metadata struct {
-	Name      string `json:"name"`
-	Namespace string `json:"namespace"`
+	Name            string `json:"name"`
+	Namespace       string `json:"namespace"`
+	UID             string `json:"uid,omitempty"`
+	ResourceVersion string `json:"resourceVersion,omitempty"`
 }
 
 // Spec is vmi.spec.
@@ -93,17 +96,42 @@ type Status struct {
 	MigrationState *MigrationState `json:"migrationState,omitempty"`
 }
 
-// MigrationState is vmi.status.migrationState.
+// MigrationState is vmi.status.migrationState. The flat source and target
+// fields are the classic ones; a decentralized (cross-cluster) migration
+// fills sourceState and targetState instead.
 type MigrationState struct {
-	TargetPod   string       `json:"targetPod,omitempty"`
-	Completed   bool         `json:"completed,omitempty"`
-	Failed      bool         `json:"failed,omitempty"`
+	MigrationUID   string     `json:"migrationUid,omitempty"`
+	StartTimestamp *time.Time `json:"startTimestamp,omitempty"`
+	SourceNode     string     `json:"sourceNode,omitempty"`
+	SourcePod      string     `json:"sourcePod,omitempty"`
+	TargetNode     string     `json:"targetNode,omitempty"`
+	TargetPod      string     `json:"targetPod,omitempty"`
+	Completed      bool       `json:"completed,omitempty"`
+	Failed         bool       `json:"failed,omitempty"`
+	// AbortStatus is "Succeeded", "Failed" or "Aborting" once an abort was
+	// requested.
+	AbortStatus string       `json:"abortStatus,omitempty"`
+	SourceState *SourceState `json:"sourceState,omitempty"`
 	TargetState *TargetState `json:"targetState,omitempty"`
+}
+
+// MigrationAbortSucceeded is the abortStatus of an aborted migration.
+const MigrationAbortSucceeded = "Succeeded"
+
+// SourceState is vmi.status.migrationState.sourceState.
+type SourceState struct {
+	Node         string `json:"node,omitempty"`
+	Pod          string `json:"pod,omitempty"`
+	MigrationUID string `json:"migrationUID,omitempty"`
 }
 
 // TargetState is vmi.status.migrationState.targetState.
 type TargetState struct {
-	Pod string `json:"pod,omitempty"`
+	Node            string  `json:"node,omitempty"`
+	Pod             string  `json:"pod,omitempty"`
+	MigrationUID    string  `json:"migrationUID,omitempty"`
+	DomainName      *string `json:"domainName,omitempty"`
+	DomainNamespace *string `json:"domainNamespace,omitempty"`
 }
 
 // Decode reads the fields of VMI from a VirtualMachineInstance in JSON, as

@@ -200,8 +200,8 @@ func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string,
 }
 
 // checkpointVFs reads the running driver's checkpoint without changing
-// anything (checkpoint.Store.Load tidies temp files, which must not race
-// with a live driver): the VFs vfnet prepared, bound to vfio-pci by vfnet.
+// anything, leniently (a diagnostic tool should still say what it can):
+// the VFs vfnet prepared, bound to vfio-pci by vfnet.
 func checkpointVFs(path string) (map[string]bool, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -7,9 +7,7 @@
 package watch
 
 import (
-	kubevirtv1 "kubevirt.io/api/core/v1"
-
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // Side says which launcher pod an action attaches to.
@@ -35,7 +33,7 @@ type Action struct {
 	// Domain is the libvirt domain name in that launcher.
 	Domain string
 	// Interfaces are the vfnet interfaces to attach.
-	Interfaces []kubevirtvmi.ClaimInterface
+	Interfaces []vmiview.ClaimInterface
 }
 
 // migrationView is status.migrationState with the decentralized-migration
@@ -50,13 +48,13 @@ type migrationView struct {
 	targetDomainNamespace *string
 }
 
-func viewOf(ms *kubevirtv1.VirtualMachineInstanceMigrationState) migrationView {
+func viewOf(ms *vmiview.MigrationState) migrationView {
 	v := migrationView{
-		key:        string(ms.MigrationUID),
+		key:        ms.MigrationUID,
 		sourceNode: ms.SourceNode, sourcePod: ms.SourcePod,
 		targetNode: ms.TargetNode, targetPod: ms.TargetPod,
 		completed: ms.Completed, failed: ms.Failed,
-		aborted: ms.AbortStatus == kubevirtv1.MigrationAbortSucceeded,
+		aborted: ms.AbortStatus == vmiview.MigrationAbortSucceeded,
 	}
 	if v.key == "" && ms.StartTimestamp != nil {
 		v.key = ms.StartTimestamp.UTC().Format("2006-01-02T15:04:05.000000Z")
@@ -65,7 +63,7 @@ func viewOf(ms *kubevirtv1.VirtualMachineInstanceMigrationState) migrationView {
 		v.sourceNode = or(v.sourceNode, s.Node)
 		v.sourcePod = or(v.sourcePod, s.Pod)
 		if v.key == "" {
-			v.key = string(s.MigrationUID)
+			v.key = s.MigrationUID
 		}
 	}
 	if t := ms.TargetState; t != nil {
@@ -73,7 +71,7 @@ func viewOf(ms *kubevirtv1.VirtualMachineInstanceMigrationState) migrationView {
 		v.targetPod = or(v.targetPod, t.Pod)
 		v.targetDomain, v.targetDomainNamespace = t.DomainName, t.DomainNamespace
 		if v.key == "" {
-			v.key = string(t.MigrationUID)
+			v.key = t.MigrationUID
 		}
 	}
 	return v
@@ -92,7 +90,7 @@ func DomainName(namespace, name string) string { return namespace + "_" + name }
 // Plan returns what node has to attach for vmi now, given its vfnet
 // interfaces. It is a pure function of the VMI so that replays (informer
 // resyncs, driver restarts) give the same answer; the attach is idempotent.
-func Plan(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInterface, node string) []Action {
+func Plan(vmi *vmiview.VMI, ifaces []vmiview.ClaimInterface, node string) []Action {
 	ms := vmi.Status.MigrationState
 	if ms == nil || len(ifaces) == 0 || node == "" {
 		return nil
@@ -108,7 +106,7 @@ func Plan(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInte
 		// launcher detached before migrating.
 		if v.sourceNode == node {
 			out = append(out, Action{Side: Source, MigrationKey: v.key, PodName: v.sourcePod,
-				Domain: DomainName(vmi.Namespace, vmi.Name), Interfaces: ifaces})
+				Domain: DomainName(vmi.Metadata.Namespace, vmi.Metadata.Name), Interfaces: ifaces})
 		}
 	case v.completed:
 		if v.targetNode != node || v.targetPod == "" {
@@ -116,7 +114,7 @@ func Plan(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInte
 		}
 		// A resourceClaimName claim stays allocated on the source node: the
 		// target pod cannot have a VF for it.
-		var tmpl []kubevirtvmi.ClaimInterface
+		var tmpl []vmiview.ClaimInterface
 		for _, ci := range ifaces {
 			if ci.FromTemplate() {
 				tmpl = append(tmpl, ci)
@@ -125,7 +123,7 @@ func Plan(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInte
 		if len(tmpl) == 0 {
 			break
 		}
-		dom := DomainName(vmi.Namespace, vmi.Name)
+		dom := DomainName(vmi.Metadata.Namespace, vmi.Metadata.Name)
 		if v.targetDomain != nil && v.targetDomainNamespace != nil {
 			dom = DomainName(*v.targetDomainNamespace, *v.targetDomain)
 		}
@@ -136,7 +134,7 @@ func Plan(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInte
 
 // DirectClaimInterfaces returns the interfaces backed by a named
 // ResourceClaim (resourceClaimName), which cannot follow a live migration.
-func DirectClaimInterfaces(ifaces []kubevirtvmi.ClaimInterface) []string {
+func DirectClaimInterfaces(ifaces []vmiview.ClaimInterface) []string {
 	var out []string
 	for _, ci := range ifaces {
 		if !ci.FromTemplate() {
@@ -148,7 +146,7 @@ func DirectClaimInterfaces(ifaces []kubevirtvmi.ClaimInterface) []string {
 
 // MigrationStartedFrom reports the migration key if a migration of vmi from
 // node is known (any state), for the not-migratable warning.
-func MigrationStartedFrom(vmi *kubevirtv1.VirtualMachineInstance, node string) (string, bool) {
+func MigrationStartedFrom(vmi *vmiview.VMI, node string) (string, bool) {
 	ms := vmi.Status.MigrationState
 	if ms == nil {
 		return "", false

@@ -20,22 +20,29 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	apiwatch "k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
 // VMIResource is KubeVirt's VirtualMachineInstance resource.
 var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
+
+// KubeVirt's VMI labels (kubevirt.io/api/core/v1 NodeNameLabel and
+// MigrationTargetNodeNameLabel; the driver reads VMIs as pkg/vmiview types
+// and does not link kubevirt.io/api).
+const (
+	NodeNameLabel                = "kubevirt.io/nodeName"
+	MigrationTargetNodeNameLabel = "kubevirt.io/migrationTargetNodeName"
+)
 
 // Event reasons recorded on VMIs.
 const (
@@ -65,12 +72,12 @@ type Config struct {
 	// (discovery.DriverName if empty).
 	DriverName string
 	// BindingName is the binding name in the KubeVirt CR
-	// (kubevirtvmi.DefaultBindingName if empty).
+	// (vmiview.DefaultBindingName if empty).
 	BindingName string
 	Kube        kubernetes.Interface
 	Dynamic     dynamic.Interface
 	Attacher    Attacher
-	// Recorder records events on VMIs (with TypeMeta set).
+	// Recorder records events on VMIs (given as *corev1.ObjectReference).
 	Recorder record.EventRecorder
 	// ResolveTimeout bounds waiting for the pod and its allocated claims;
 	// zero means 2 minutes. The attach has its own bound (attach.Attacher).
@@ -111,7 +118,7 @@ func New(cfg Config) (*Watcher, error) {
 		cfg.DriverName = discovery.DriverName
 	}
 	if cfg.BindingName == "" {
-		cfg.BindingName = kubevirtvmi.DefaultBindingName
+		cfg.BindingName = vmiview.DefaultBindingName
 	}
 	if cfg.ResolveTimeout <= 0 {
 		cfg.ResolveTimeout = 2 * time.Minute
@@ -142,8 +149,8 @@ func New(cfg Config) (*Watcher, error) {
 // aborted migration, the target after a completed one.
 func Selectors(node string) []string {
 	return []string{
-		kubevirtv1.NodeNameLabel + "=" + node,
-		kubevirtv1.MigrationTargetNodeNameLabel + "=" + node,
+		NodeNameLabel + "=" + node,
+		MigrationTargetNodeNameLabel + "=" + node,
 	}
 }
 
@@ -167,18 +174,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 	sels := Selectors(w.cfg.NodeName)
 	stores := make([]cache.Store, 0, len(sels))
 	synced := make([]cache.InformerSynced, 0, len(sels))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	for _, sel := range sels {
-		factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.cfg.Dynamic, w.cfg.Resync, metav1.NamespaceAll,
-			func(o *metav1.ListOptions) { o.LabelSelector = sel })
-		inf := factory.ForResource(VMIResource).Informer()
-		// Drop what the watcher never reads.
-		if err := inf.SetTransform(func(obj any) (any, error) {
-			if m, ok := obj.(metav1.Object); ok {
-				m.SetManagedFields(nil)
-				m.SetAnnotations(nil)
-			}
-			return obj, nil
-		}); err != nil {
+		inf := w.informer(sel)
+		// Keep only what the watcher reads (a few hundred bytes a VMI,
+		// instead of the whole object as unstructured maps).
+		if err := inf.SetTransform(toCached); err != nil {
 			return fmt.Errorf("watch VirtualMachineInstances (%s): %w", sel, err)
 		}
 		if err := inf.SetWatchErrorHandlerWithContext(newWatchErrorLogger(sel).handle); err != nil {
@@ -193,8 +197,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		stores = append(stores, inf.GetStore())
 		synced = append(synced, inf.HasSynced)
-		factory.Start(ctx.Done())
-		defer factory.Shutdown()
+		wg.Go(func() { inf.RunWithContext(ctx) })
 	}
 	w.mu.Lock()
 	w.stores = stores
@@ -211,6 +214,59 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	w.wg.Wait()
 	return nil
+}
+
+// informer lists and watches the VMIs matching the label selector sel.
+func (w *Watcher) informer(sel string) cache.SharedIndexInformer {
+	res := w.cfg.Dynamic.Resource(VMIResource)
+	// With the client: a client that cannot stream the initial list
+	// (fakes) is then listed instead.
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return res.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
+			o.LabelSelector = sel
+			return res.Watch(ctx, o)
+		},
+	}, w.cfg.Dynamic)
+	return cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{
+		ResyncPeriod: w.cfg.Resync, ObjectDescription: "VirtualMachineInstance " + sel,
+	})
+}
+
+// cachedVMI is what the informers keep of a VMI: the identity the cache
+// keys on and the vmiview fields vfnet reads.
+type cachedVMI struct {
+	metav1.ObjectMeta
+	view *vmiview.VMI
+}
+
+func (c *cachedVMI) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+func (c *cachedVMI) DeepCopyObject() runtime.Object {
+	// The view is never modified once cached.
+	return &cachedVMI{ObjectMeta: *c.ObjectMeta.DeepCopy(), view: c.view}
+}
+
+// toCached is the informers' transform: the API server's VMI (as
+// unstructured) becomes a cachedVMI. A VMI that does not decode is kept
+// with an empty view and reported when processed.
+func toCached(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil // already transformed
+	}
+	c := &cachedVMI{ObjectMeta: metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}
+	b, err := u.MarshalJSON()
+	if err == nil {
+		c.view, err = vmiview.Decode(b)
+	}
+	if err != nil {
+		c.view = nil
+	}
+	return c, nil
 }
 
 // waitForAPI returns nil once this node's VMIs can be listed, or ctx's
@@ -395,12 +451,13 @@ func (w *Watcher) processNext(ctx context.Context) bool {
 		w.queue.Forget(key)
 		return true
 	}
-	vmi, err := toVMI(obj)
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Skipping VirtualMachineInstance", "key", key)
+	c, ok := obj.(*cachedVMI)
+	if !ok || c.view == nil {
+		klog.FromContext(ctx).Error(nil, "Skipping VirtualMachineInstance: it does not decode as a KubeVirt v1 VirtualMachineInstance", "key", key)
 		w.queue.Forget(key)
 		return true
 	}
+	vmi := c.view
 	if err := w.Sync(ctx, vmi); err != nil {
 		klog.FromContext(ctx).V(3).Info("Will retry VirtualMachineInstance", "key", key, "err", err)
 		w.queue.AddRateLimited(key)
@@ -408,18 +465,6 @@ func (w *Watcher) processNext(ctx context.Context) bool {
 	}
 	w.queue.Forget(key)
 	return true
-}
-
-func toVMI(obj any) (*kubevirtv1.VirtualMachineInstance, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("unexpected object %T in VMI informer", obj)
-	}
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, vmi); err != nil {
-		return nil, fmt.Errorf("decode VirtualMachineInstance %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return vmi, nil
 }
 
 func (w *Watcher) state(uid types.UID) *vmiState {
@@ -434,23 +479,21 @@ func (w *Watcher) state(uid types.UID) *vmiState {
 // Sync looks at one VMI once: it records the not-migratable warning and
 // starts the attaches Plan asks for (each at most once per
 // migration and side). An error means "look again later".
-func (w *Watcher) Sync(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) error {
-	ifaces, err := kubevirtvmi.BindingInterfaces(vmi, w.cfg.BindingName)
+func (w *Watcher) Sync(ctx context.Context, vmi *vmiview.VMI) error {
+	ifaces, err := vmi.BindingInterfaces(w.cfg.BindingName)
 	if err != nil {
 		// The binding sidecar reports this to the user; nothing to attach.
-		klog.FromContext(ctx).V(3).Info("VMI has unusable vfnet interfaces", "vmi", klog.KObj(vmi), "err", err)
+		klog.FromContext(ctx).V(3).Info("VMI has unusable vfnet interfaces", "vmi", kref(vmi), "err", err)
 		return nil
 	}
 	if len(ifaces) == 0 {
 		return nil
 	}
-	vmi = vmi.DeepCopy()
-	vmi.SetGroupVersionKind(kubevirtv1.VirtualMachineInstanceGroupVersionKind)
 	w.warnNotMigratable(vmi, ifaces)
 	for _, act := range Plan(vmi, ifaces, w.cfg.NodeName) {
 		k := act.MigrationKey + "/" + string(act.Side)
 		w.mu.Lock()
-		st := w.state(vmi.UID)
+		st := w.state(types.UID(vmi.Metadata.UID))
 		dup := st.started[k]
 		st.started[k] = true
 		w.mu.Unlock()
@@ -466,7 +509,21 @@ func (w *Watcher) Sync(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstan
 	return nil
 }
 
-func (w *Watcher) warnNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, ifaces []kubevirtvmi.ClaimInterface) {
+// kref names vmi in log lines.
+func kref(vmi *vmiview.VMI) klog.ObjectRef {
+	return klog.KRef(vmi.Metadata.Namespace, vmi.Metadata.Name)
+}
+
+// eventRef is the object Events about vmi are recorded on.
+func eventRef(vmi *vmiview.VMI) *corev1.ObjectReference {
+	return &corev1.ObjectReference{
+		APIVersion: VMIResource.GroupVersion().String(), Kind: "VirtualMachineInstance",
+		Namespace: vmi.Metadata.Namespace, Name: vmi.Metadata.Name,
+		UID: types.UID(vmi.Metadata.UID), ResourceVersion: vmi.Metadata.ResourceVersion,
+	}
+}
+
+func (w *Watcher) warnNotMigratable(vmi *vmiview.VMI, ifaces []vmiview.ClaimInterface) {
 	direct := DirectClaimInterfaces(ifaces)
 	if len(direct) == 0 {
 		return
@@ -476,21 +533,21 @@ func (w *Watcher) warnNotMigratable(vmi *kubevirtv1.VirtualMachineInstance, ifac
 		return
 	}
 	w.mu.Lock()
-	st := w.state(vmi.UID)
+	st := w.state(types.UID(vmi.Metadata.UID))
 	dup := st.warned[key]
 	st.warned[key] = true
 	w.mu.Unlock()
 	if dup {
 		return
 	}
-	w.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonNotMigratable,
+	w.cfg.Recorder.Eventf(eventRef(vmi), corev1.EventTypeWarning, ReasonNotMigratable,
 		"vfnet interface(s) %s use a named ResourceClaim (spec.resourceClaims[].resourceClaimName), which stays allocated on node %s: the VF cannot follow a live migration; use resourceClaimTemplateName to make the VM migratable",
 		strings.Join(direct, ", "), w.cfg.NodeName)
 }
 
 // run resolves the launcher pod and its VFs, then attaches them.
-func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) {
-	logger := klog.FromContext(ctx).WithValues("vmi", klog.KObj(vmi), "side", act.Side, "migration", act.MigrationKey)
+func (w *Watcher) run(ctx context.Context, vmi *vmiview.VMI, act Action) {
+	logger := klog.FromContext(ctx).WithValues("vmi", kref(vmi), "side", act.Side, "migration", act.MigrationKey)
 	ctx = klog.NewContext(ctx, logger)
 	start := time.Now()
 	done := func(err error) {
@@ -509,7 +566,7 @@ func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstanc
 		res, err = w.cfg.Attacher.Attach(ctx, req)
 		if err == nil {
 			if len(res.Attached) > 0 {
-				w.cfg.Recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonAttached,
+				w.cfg.Recorder.Eventf(eventRef(vmi), corev1.EventTypeNormal, ReasonAttached,
 					"Attached %s to domain %s in pod %s on node %s after %s migration",
 					describe(req.Hostdevs), req.Domain, act.PodName, w.cfg.NodeName, outcome(act.Side))
 			}
@@ -523,7 +580,7 @@ func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstanc
 	}
 	logger.Error(err, "Giving up attaching VFs after migration")
 	done(err)
-	w.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonAttachFailed,
+	w.cfg.Recorder.Eventf(eventRef(vmi), corev1.EventTypeWarning, ReasonAttachFailed,
 		"Could not attach vfnet VFs to the %s launcher on node %s after %s migration: %v", act.Side, w.cfg.NodeName, outcome(act.Side), err)
 }
 
@@ -535,13 +592,13 @@ func (w *Watcher) run(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstanc
 // and copies it into the VMI status at the hand-off to the target, so this
 // only happens if it did not find that pod (or something else wrote the
 // status). Plan gives the action once per migration: one Event.
-func (w *Watcher) sourcePodUnknown(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) {
+func (w *Watcher) sourcePodUnknown(ctx context.Context, vmi *vmiview.VMI, act Action) {
 	names := make([]string, len(act.Interfaces))
 	for i, ci := range act.Interfaces {
 		names[i] = ci.Interface.Name
 	}
 	klog.FromContext(ctx).Error(nil, "Cannot re-attach VFs after a failed migration: status.migrationState.sourcePod is empty", "interfaces", names)
-	w.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonAttachFailed,
+	w.cfg.Recorder.Eventf(eventRef(vmi), corev1.EventTypeWarning, ReasonAttachFailed,
 		"Could not re-attach the VF(s) of vfnet interface(s) %s on node %s after the failed migration %s: status.migrationState.sourcePod is empty, so the source launcher pod is unknown (the driver reads pods by name only; status.activePods holds pod UIDs); the VM keeps running without them until it is restarted or migrated again",
 		strings.Join(names, ", "), w.cfg.NodeName, act.MigrationKey)
 }
@@ -566,7 +623,7 @@ type retryable struct{ error }
 
 func (r retryable) Unwrap() error { return r.error }
 
-func (w *Watcher) resolveWithRetry(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) (attach.Request, error) {
+func (w *Watcher) resolveWithRetry(ctx context.Context, vmi *vmiview.VMI, act Action) (attach.Request, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ResolveTimeout)
 	defer cancel()
 	delay := 20 * time.Millisecond
@@ -587,7 +644,7 @@ func (w *Watcher) resolveWithRetry(ctx context.Context, vmi *kubevirtv1.VirtualM
 	}
 }
 
-func (w *Watcher) resolve(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, act Action) (attach.Request, error) {
+func (w *Watcher) resolve(ctx context.Context, vmi *vmiview.VMI, act Action) (attach.Request, error) {
 	pod, err := w.launcherPod(ctx, vmi, act.PodName)
 	if err != nil {
 		return attach.Request{}, err
@@ -608,22 +665,23 @@ func (w *Watcher) resolve(ctx context.Context, vmi *kubevirtv1.VirtualMachineIns
 }
 
 // launcherPod returns the named launcher pod, which must run on this node.
-func (w *Watcher) launcherPod(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, name string) (*corev1.Pod, error) {
-	pod, err := w.cfg.Kube.CoreV1().Pods(vmi.Namespace).Get(ctx, name, metav1.GetOptions{})
+func (w *Watcher) launcherPod(ctx context.Context, vmi *vmiview.VMI, name string) (*corev1.Pod, error) {
+	ns := vmi.Metadata.Namespace
+	pod, err := w.cfg.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, retryable{fmt.Errorf("launcher pod %s/%s not found", vmi.Namespace, name)}
+		return nil, retryable{fmt.Errorf("launcher pod %s/%s not found", ns, name)}
 	}
 	if err != nil {
-		return nil, retryable{fmt.Errorf("get launcher pod %s/%s: %w", vmi.Namespace, name, err)}
+		return nil, retryable{fmt.Errorf("get launcher pod %s/%s: %w", ns, name, err)}
 	}
 	if pod.Spec.NodeName != w.cfg.NodeName {
-		return nil, fmt.Errorf("launcher pod %s/%s runs on node %q, not on this node %q", vmi.Namespace, name, pod.Spec.NodeName, w.cfg.NodeName)
+		return nil, fmt.Errorf("launcher pod %s/%s runs on node %q, not on this node %q", ns, name, pod.Spec.NodeName, w.cfg.NodeName)
 	}
 	return pod, nil
 }
 
 // podClaim returns the allocated ResourceClaim behind one interface in pod.
-func (w *Watcher) podClaim(ctx context.Context, pod *corev1.Pod, ci kubevirtvmi.ClaimInterface) (*resourceapi.ResourceClaim, error) {
+func (w *Watcher) podClaim(ctx context.Context, pod *corev1.Pod, ci vmiview.ClaimInterface) (*resourceapi.ResourceClaim, error) {
 	var name string
 	if ci.ResourceClaimName != nil {
 		name = *ci.ResourceClaimName
@@ -648,7 +706,7 @@ func (w *Watcher) podClaim(ctx context.Context, pod *corev1.Pod, ci kubevirtvmi.
 }
 
 // hostdev finds the VF allocated by this driver for the interface's request.
-func (w *Watcher) hostdev(claim *resourceapi.ResourceClaim, ci kubevirtvmi.ClaimInterface) (attach.Hostdev, error) {
+func (w *Watcher) hostdev(claim *resourceapi.ResourceClaim, ci vmiview.ClaimInterface) (attach.Hostdev, error) {
 	h := attach.Hostdev{Interface: ci.Interface.Name, BootOrder: ci.Interface.BootOrder}
 	var devs []string
 	for _, r := range claim.Status.Allocation.Devices.Results {

@@ -2,6 +2,7 @@ package watch_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -19,12 +20,27 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/pkg/vmiview"
 )
 
-func ifacesOf(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) []kubevirtvmi.ClaimInterface {
+// view is vmi as the watcher's informer keeps it: the API server's JSON
+// decoded into vmiview types.
+func view(t testing.TB, vmi *kubevirtv1.VirtualMachineInstance) *vmiview.VMI {
 	t.Helper()
-	ci, err := kubevirtvmi.BindingInterfaces(vmi, "vfnet")
+	b, err := json.Marshal(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := vmiview.Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func ifacesOf(t *testing.T, vmi *vmiview.VMI) []vmiview.ClaimInterface {
+	t.Helper()
+	ci, err := vmi.BindingInterfaces("vfnet")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +77,8 @@ func TestPlan(t *testing.T) {
 		vmi := base.DeepCopy()
 		vmi.Status.MigrationState = tc.ms
 		var got []string
-		for _, a := range watch.Plan(vmi, ifacesOf(t, vmi), tc.node) {
+		v := view(t, vmi)
+		for _, a := range watch.Plan(v, ifacesOf(t, v), tc.node) {
 			var names []string
 			for _, ci := range a.Interfaces {
 				names = append(names, ci.Interface.Name)
@@ -77,7 +94,7 @@ func TestPlan(t *testing.T) {
 	}
 	other := newVMI("vm2", "uid-2", "node-a", ifaceOpt{name: "net1", binding: "passt"})
 	other.Status.MigrationState = completed(mig)
-	if got := watch.Plan(other, ifacesOf(t, other), "node-b"); len(got) != 0 {
+	if got := watch.Plan(view(t, other), ifacesOf(t, view(t, other)), "node-b"); len(got) != 0 {
 		t.Errorf("VMI without vfnet interfaces planned %v", got)
 	}
 }
@@ -108,7 +125,7 @@ func newEnv(t *testing.T, node string, objs ...runtime.Object) *env {
 
 func (e *env) sync(t *testing.T, vmi *kubevirtv1.VirtualMachineInstance) error {
 	t.Helper()
-	err := e.watcher.Sync(context.Background(), vmi)
+	err := e.watcher.Sync(context.Background(), view(t, vmi))
 	e.watcher.Wait()
 	return err
 }
@@ -335,4 +352,14 @@ func toUnstructured(t testing.TB, vmi *kubevirtv1.VirtualMachineInstance) *unstr
 		t.Fatal(err)
 	}
 	return &unstructured.Unstructured{Object: m}
+}
+
+// TestLabelsMatchKubeVirtAPI: the driver spells KubeVirt's VMI labels
+// itself (it does not link kubevirt.io/api).
+func TestLabelsMatchKubeVirtAPI(t *testing.T) {
+	t.Parallel()
+	if watch.NodeNameLabel != kubevirtv1.NodeNameLabel || watch.MigrationTargetNodeNameLabel != kubevirtv1.MigrationTargetNodeNameLabel {
+		t.Fatalf("labels %q, %q; kubevirt.io/api has %q, %q", watch.NodeNameLabel, watch.MigrationTargetNodeNameLabel,
+			kubevirtv1.NodeNameLabel, kubevirtv1.MigrationTargetNodeNameLabel)
+	}
 }
