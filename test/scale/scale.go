@@ -17,9 +17,12 @@
 // (spec.nodeName set), which for a pod with a claim means the claim was
 // allocated first.
 //
-// All nodes share one simulated host tree: the hardware is identical and
-// discovery only reads it, and 100 trees of 256 VFs would be a million files
-// for nothing.
+// All nodes share one simulated host, read once: the hardware is identical,
+// and on a real cluster each node reads its own sysfs on its own CPU in
+// parallel, where here 100 discoveries would queue for the same two cores
+// as the API server and be measured as publishing time. Everything after
+// reading sysfs (selection by the node configuration, attributes, slice
+// chunking, the helper, the resourceslice controller) runs per node.
 package scale
 
 import (
@@ -53,6 +56,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 	"github.com/vfnet-io/vfnet/test/flow"
 )
@@ -120,8 +124,8 @@ type Result struct {
 	// served all slices of all pools.
 	Publish time.Duration
 	// APIServerRSS is kube-apiserver's resident memory (bytes) after
-	// publishing.
-	APIServerRSS uint64
+	// publishing, APIServerRSSBefore just before.
+	APIServerRSS, APIServerRSSBefore uint64
 	// PublishCPU is the CPU time each component spent while publishing
 	// ("vfnet" is this process: discovery, the helpers, the harness).
 	PublishCPU map[string]time.Duration
@@ -193,10 +197,13 @@ type Cluster struct {
 	// fast is an admin client without client-side rate limit.
 	fast    kubernetes.Interface
 	host    *simhost.Host
+	pfs     []sysfs.PF // the host as discovery read it
 	cfg     *nodeconfig.Config
 	nodes   []*node
 	ownDir  bool
 	devices int // VFs the node configuration offers per node
+	// stopPlugins ends every node's plugin context.
+	stopPlugins context.CancelFunc
 }
 
 type node struct {
@@ -261,6 +268,9 @@ func Setup(ctx context.Context, plane *controlplane.Plane, opts Options) (_ *Clu
 		return nil, fmt.Errorf("build simulated host in %s: %w", c.opts.HostDir, err)
 	}
 	c.devices = 2 * c.opts.VFsPerPF
+	if c.pfs, err = c.host.Sysfs().Discover(ctx); err != nil {
+		return nil, fmt.Errorf("discover the simulated host: %w", err)
+	}
 
 	c.say("creating %d Node objects, their driver pods and pod-bound driver clients", c.opts.Nodes)
 	c.nodes = make([]*node, c.opts.Nodes)
@@ -340,13 +350,19 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 	}
 	defer watch.stop()
 
+	if r.APIServerRSSBefore, err = c.rss("kube-apiserver"); err != nil {
+		return err
+	}
 	c.say("publishing: %d nodes x %d VFs", len(c.nodes), c.devices)
 	cpu0 := c.cpu()
 	start := time.Now()
-	err = c.parallel(ctx, len(c.nodes), len(c.nodes), func(ctx context.Context, i int) error {
+	// The plugins live until Close, not just while they are being started.
+	pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stopPlugins = stop
+	err = c.parallel(ctx, len(c.nodes), len(c.nodes), func(_ context.Context, i int) error {
 		n := c.nodes[i]
-		// The node's log lines would be 100x the driver's: keep errors.
-		nctx := klog.NewContext(ctx, logger.WithName(n.name).V(1))
+		// A node's info lines times 100 would drown the run: keep errors.
+		nctx := klog.NewContext(pctx, logger.WithName(n.name).V(8))
 		for _, d := range []string{"reg", "plugin", "cdi"} {
 			if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
 				return err
@@ -362,7 +378,7 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 		}
 		n.plugin = p
 		loop := slices.NewLoop(slices.LoopOptions{
-			NodeName: n.name, Discoverer: c.host.Sysfs(), Publisher: p,
+			NodeName: n.name, Discoverer: readHost(c.pfs), Publisher: p,
 			LoadConfig: func() (*nodeconfig.Config, error) { return c.cfg, nil },
 		})
 		if _, err := loop.Scan(nctx); err != nil {
@@ -391,6 +407,11 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 		r.Devices, r.Slices, r.Publish.Round(time.Millisecond), r.APIServerRSS>>20)
 	return nil
 }
+
+// readHost is a Discoverer answering with the model read at Setup.
+type readHost []sysfs.PF
+
+func (h readHost) Discover(context.Context) ([]sysfs.PF, error) { return h, nil }
 
 type sliceWatch struct {
 	done    chan struct{}
@@ -714,6 +735,9 @@ func (c *Cluster) Verify(ctx context.Context) error {
 
 // Close stops every node's plugin and removes the run's directory.
 func (c *Cluster) Close() {
+	if c.stopPlugins != nil {
+		c.stopPlugins()
+	}
 	for _, n := range c.nodes {
 		if n != nil && n.plugin != nil {
 			n.plugin.Stop()
