@@ -54,7 +54,7 @@ test-node: deps k8s-bin node-bin
 	VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
 	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
 
-test: deps k8s-bin lint verify-generate unit kubevirt-tests test-kernel
+test: deps k8s-bin lint verify-generate unit kubevirt-tests test-kernel test-node
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo

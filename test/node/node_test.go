@@ -75,6 +75,7 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("become a subreaper: %v", err)
 	}
 
+	nodeStart := time.Now()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRealNode$", "-test.v", "-test.count=1", "-test.timeout=30m")
 	cmd.Env = append(os.Environ(), envChild+"="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
@@ -110,7 +111,7 @@ func TestRealNode(t *testing.T) {
 		}
 	}
 	childErr := cmd.Wait()
-	t.Logf("node run (bring-up, subtests, teardown) took %s", time.Since(start).Round(time.Second))
+	t.Logf("node run (namespace, bring-up, subtests, teardown) took %s", time.Since(nodeStart).Round(time.Second))
 
 	for _, s := range steps {
 		t.Run(s, func(t *testing.T) {
