@@ -126,7 +126,7 @@ func Summary(r Result) string {
 		name string
 		p    Phase
 	}{{"without claims", r.WithoutClaims}, {"with claims", r.WithClaims}} {
-		fmt.Fprintf(&sb, "%s: %d pods in %v = %.1f pods/s (all created after %v); CPU: %s\n", ph.name, ph.p.Pods,
+		fmt.Fprintf(&sb, "%s: %d pods in %v = %.1f pods/s (created beforehand in %v); CPU: %s\n", ph.name, ph.p.Pods,
 			ph.p.Duration.Round(time.Millisecond), ph.p.PodsPerSecond(), ph.p.Created.Round(time.Millisecond), cpuLine(ph.p.CPU))
 	}
 	fmt.Fprintf(&sb, "ratio with/without claims: %.2f", r.Ratio())
