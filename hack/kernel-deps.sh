@@ -68,12 +68,13 @@ papt() { apt-get -q "${apt_opts[@]}" "$@"; }
 pcache() { apt-cache "${apt_opts[@]}" "$@"; }
 
 log "updating a private package index (bookworm, bookworm-backports from $mirror)"
-papt update >"$K/apt/update.log" 2>&1 || { cat "$K/apt/update.log" >&2; die "apt-get update of the private index failed (see above)"; }
+papt update --error-on=any >"$K/apt/update.log" 2>&1 ||
+  { cat "$K/apt/update.log" >&2; die "apt-get update of the private index (bookworm, bookworm-backports at $mirror) failed (see above)"; }
 
 # The kernel: the pinned ABI, else the newest 6.1 the archive has.
 kpkg=linux-image-$KERNEL_ABI-amd64
 if ! pcache show "$kpkg" >/dev/null 2>&1; then
-  abi=$(pcache show linux-image-amd64 2>/dev/null | sed -n 's/^Depends: .*linux-image-\(6\.1\.0-[0-9]*\)-amd64.*/\1/p' | sort -V | tail -1)
+  abi=$({ pcache show linux-image-amd64 2>/dev/null || true; } | sed -n 's/^Depends: .*linux-image-\(6\.1\.0-[0-9]*\)-amd64.*/\1/p' | sort -V | tail -1)
   [[ -n $abi ]] || die "neither $kpkg nor any linux-image-6.1.0-*-amd64 (via linux-image-amd64) is in bookworm at $mirror"
   log "$kpkg is gone from the archive; using linux-image-$abi-amd64"
   KERNEL_ABI=$abi
@@ -117,6 +118,7 @@ fetch() { # $1: dest root; rest: pkg=version
 
 log "fetching $kpkg"
 kver=$(pcache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+[[ -n $kver && $kver != "(none)" ]] || die "no installable version of $kpkg at $mirror"
 fetch "$K/linux" "$kpkg=$kver"
 log "fetching QEMU 10 and what the host lacks for it: $(echo $qemu_pkgs | tr '\n' ' ')"
 # shellcheck disable=SC2086

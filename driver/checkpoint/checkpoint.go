@@ -59,9 +59,8 @@ const (
 	// StepBindingVFIO: the VF is being moved to vfio-pci; its settings are
 	// untouched.
 	StepBindingVFIO Step = "BindingVFIO"
-	// StepApplying: the VF is on vfio-pci, its original settings were read
-	// again with no VF driver bound, and the claim's settings are being
-	// applied through the PF.
+	// StepApplying: the VF is on vfio-pci and the claim's settings are
+	// being applied through the PF.
 	StepApplying Step = "Applying"
 	// StepBound: the VF is bound to vfio-pci with its settings applied and
 	// its group node exists.
@@ -127,8 +126,9 @@ type Device struct {
 	// set, and undo leaves it so.
 	Original vflink.VFState `json:"original"`
 	// OriginalOwnMAC is the MAC the PF reported before prepare when it was
-	// not an administrative one but the one the VF's own driver chose (it
-	// went away with the driver); kept for diagnostics, never restored.
+	// not an administrative one but the one the VF's own driver chose (its
+	// netdev's addr_assign_type said so); kept for diagnostics, never
+	// restored.
 	OriginalOwnMAC string `json:"originalOwnMac,omitempty"`
 	// MACSet is true when prepare sets the MAC (VFConfig.mac or the VM's
 	// interface); otherwise the VF keeps its administrative MAC.

@@ -121,6 +121,13 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 		if d.Original, err = s.opts.Links.VF(d.PFNetDev, d.VFIndex); err != nil {
 			return nil, at(ErrStepRecord, stepError(d, "read original VF link settings", err))
 		}
+		if s.vfDriverOwnMAC(d.BDF, d.Original.MAC) {
+			// Not an administrative MAC: leave none behind on unprepare.
+			klog.FromContext(ctx).V(2).Info("The VF's MAC before prepare is its driver's own, not set through the PF; unprepare sets none",
+				"device", d.Device, "bdf", d.BDF, "driverMAC", d.Original.MAC)
+			d.OriginalOwnMAC = d.Original.MAC.String()
+			d.Original.MAC = make(net.HardwareAddr, len(d.Original.MAC))
+		}
 		d.Applied = p.config.Apply(d.Original, p.mac)
 		entry.Devices = append(entry.Devices, d)
 	}
@@ -149,8 +156,7 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 // The VF goes to vfio-pci first and its settings are applied through the
 // PF afterwards, while no VF driver is bound (as dra-driver-sriov does):
 // MAC, VLAN and trust changes reset the VF on Intel PFs, which a bound VF
-// driver would have to live through, and only with the VF driver gone does
-// the PF report the administrative MAC rather than one the driver chose.
+// driver would have to live through.
 func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, entry *checkpoint.Claim) error {
 	// Before anything is bound: the host may have changed since the slice
 	// was published (group shared, noiommu, a process took the VF). A
@@ -187,13 +193,9 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
 	}
 	for i := range entry.Devices {
-		d := &entry.Devices[i]
-		if d.Step == checkpoint.StepBindingVFIO {
-			if err := s.readAdminOriginal(ctx, d); err != nil {
-				return at(ErrStepLink, stepError(*d, "read the VF's settings through the PF with no VF driver bound", err))
-			}
-		}
-		d.Step = checkpoint.StepApplying
+		// The original MAC was classified when recorded (vfDriverOwnMAC):
+		// with the VF driver gone the PF still reports the MAC it chose.
+		entry.Devices[i].Step = checkpoint.StepApplying
 	}
 	if err := s.update(claim.UID, entry); err != nil {
 		return at(ErrStepCheckpoint, err)
@@ -223,29 +225,40 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 	return nil
 }
 
-// readAdminOriginal reads the VF's MAC again now that no VF driver is
-// bound. A VF driver that got no MAC from the PF picks one itself (igbvf,
-// iavf), and the PF reports that one as the VF's MAC (igb, ice, bnxt) until
-// the driver lets go. Restoring it would pin it as an administrative MAC
-// (igb then sets IGB_VF_FLAG_PF_SET_MAC and refuses the VF driver's own
-// changes), so the original is what the PF reports now: all zeros when no
-// MAC was set. A MAC set by an administrator stays and reads the same.
-func (s *State) readAdminOriginal(ctx context.Context, d *checkpoint.Device) error {
-	now, err := s.opts.Links.VF(s.pfNetDev(ctx, *d), d.VFIndex)
+// vfDriverOwnMAC reports whether mac, as the PF reports it for the VF at
+// bdf, is one the VF's driver chose for itself rather than one set through
+// the PF. igb keeps reporting such a MAC after the VF driver lets go (only
+// a function-level reset clears it), so the PF cannot tell; the VF's netdev
+// can: an address the driver made up reads addr_assign_type 1 (random,
+// igbvf and iavf when the PF gives none) or 3 (set from the VF side),
+// while one the PF gave reads 0 (permanent). Seen on Linux 6.1 with igb.
+func (s *State) vfDriverOwnMAC(bdf string, mac net.HardwareAddr) bool {
+	if len(mac) == 0 || bytes.Equal(mac, make(net.HardwareAddr, len(mac))) {
+		return false
+	}
+	fn, err := s.opts.Sysfs.Function(bdf)
 	if err != nil {
-		return err
+		return false
 	}
-	if bytes.Equal(now.MAC, d.Original.MAC) {
-		return nil
+	for _, nd := range fn.NetDevs {
+		dir := "bus/pci/devices/" + bdf + "/net/" + nd + "/"
+		addr, err := os.ReadFile(s.opts.Sysfs.Path(dir + "address"))
+		if err != nil {
+			continue
+		}
+		if a, err := net.ParseMAC(strings.TrimSpace(string(addr))); err != nil || !bytes.Equal(a, mac) {
+			continue
+		}
+		typ, err := os.ReadFile(s.opts.Sysfs.Path(dir + "addr_assign_type"))
+		if err != nil {
+			return false
+		}
+		switch strings.TrimSpace(string(typ)) {
+		case "1", "3": // NET_ADDR_RANDOM, NET_ADDR_SET
+			return true
+		}
 	}
-	klog.FromContext(ctx).V(2).Info("The VF's MAC before prepare was its driver's own, not set through the PF; unprepare leaves the VF's MAC as the PF has it now",
-		"device", d.Device, "bdf", d.BDF, "driverMAC", d.Original.MAC, "adminMAC", now.MAC)
-	d.OriginalOwnMAC = d.Original.MAC.String()
-	d.Original.MAC = append(net.HardwareAddr(nil), now.MAC...)
-	if !d.MACSet {
-		d.Applied.MAC = append(net.HardwareAddr(nil), now.MAC...)
-	}
-	return nil
+	return false
 }
 
 // undo restores every device of the entry to its original state. It marks

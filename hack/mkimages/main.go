@@ -40,7 +40,7 @@ func run(out, driverRef, bindingRef, arch string) error {
 	defer os.RemoveAll(binDir)
 	images := []struct {
 		pkg, bin, ref, file string
-		image             func(ref, arch string, bin []byte) ociimage.Image
+		image               func(ref, arch string, bin []byte) ociimage.Image
 	}{
 		{"./cmd/vfnet-driver", "vfnet-driver", driverRef, "vfnet-driver.tar", ociimage.Driver},
 		{"./cmd/vfnet-binding", "vfnet-binding", bindingRef, "vfnet-binding.tar", ociimage.Binding},

@@ -192,7 +192,7 @@ func WriteArchive(w io.Writer, ref string, img v1.Image) error {
 			MediaType: mt, Digest: mdigest, Size: int64(len(manifest)),
 			Platform: &v1.Platform{OS: cf.OS, Architecture: cf.Architecture},
 			Annotations: map[string]string{
-				"io.containerd.image.name":         full,
+				"io.containerd.image.name":          full,
 				"org.opencontainers.image.ref.name": tag,
 			},
 		}},

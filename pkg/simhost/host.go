@@ -485,6 +485,9 @@ func validateSpec(s *Spec) error {
 // binds it.
 type netInfo struct {
 	name, linkType, operState, mac string
+	// assignType is addr_assign_type: "0" (permanent: from the device or
+	// given by the PF), "1" (random: a VF driver chose it itself).
+	assignType string
 	// physPortName and switchID are written when set (devlink port).
 	physPortName, switchID string
 }
@@ -514,11 +517,13 @@ func (h *Host) netInfoFor(bdf string) netInfo {
 		return ni
 	}
 	if pf, i := h.vfOf(bdf); pf != nil {
-		mac := derivedMAC(bdf, 0x00)
+		// Without a MAC from the PF the VF driver picks one itself
+		// (eth_hw_addr_random: NET_ADDR_RANDOM).
+		mac, assign := derivedMAC(bdf, 0x00), "1"
 		if st, ok := h.links.peek(pf.NetDev, i); ok && st.MAC != nil && !isZeroMAC(st.MAC) {
-			mac = st.MAC.String()
+			mac, assign = st.MAC.String(), "0"
 		}
-		return netInfo{name: vfNetDev(pf.NetDev, i), linkType: pf.LinkType, operState: "down", mac: mac}
+		return netInfo{name: vfNetDev(pf.NetDev, i), linkType: pf.LinkType, operState: "down", mac: mac, assignType: assign}
 	}
 	return netInfo{name: pathName(bdf, sysfs.LinkTypeEthernet), linkType: sysfs.LinkTypeEthernet, operState: "down", mac: derivedMAC(bdf, 0x01)}
 }
@@ -998,8 +1003,11 @@ func (h *Host) createNetdev(dir string, ni netInfo) error {
 	if err := t.mkdir(nd); err != nil {
 		return err
 	}
+	if ni.assignType == "" {
+		ni.assignType = "0"
+	}
 	attrs := []struct{ name, content string }{
-		{"address", ni.mac}, {"type", arphrd(ni.linkType)}, {"operstate", ni.operState},
+		{"address", ni.mac}, {"addr_assign_type", ni.assignType}, {"type", arphrd(ni.linkType)}, {"operstate", ni.operState},
 	}
 	if ni.physPortName != "" {
 		attrs = append(attrs, struct{ name, content string }{"phys_port_name", ni.physPortName})

@@ -50,8 +50,10 @@ import (
 // The PF shows the MAC a VF driver chose for itself while no MAC is set
 // administratively: a VF driver (iavf, igbvf, ...) bound by an explicit
 // bind, drivers_probe or new_id reports its netdev's address to the PF,
-// and the PF forgets it when the driver lets go (function reset) or an
-// administrator sets a MAC. Host.VFState shows the administrative state
+// and the PF keeps showing it after the driver lets go (also with the VF
+// on vfio-pci: only a function-level reset clears it on igb) until an
+// administrator sets a MAC. The VF netdev's addr_assign_type tells the two
+// apart: 1 (random) for a MAC the VF driver chose, 0 for one from the PF. Host.VFState shows the administrative state
 // only. With SetVFResets, MAC, VLAN and trust changes and VF driver
 // changes put the VF in reset for a while; settings made meanwhile fail
 // with EBUSY (EAGAIN on i40e), as Intel's PF drivers answer.
@@ -337,11 +339,14 @@ func (l *Links) SetMAC(pf string, vf int, mac net.HardwareAddr) error {
 		if vfDir, err := l.h.t.readlink(pfDir + "/virtfn" + strconv.Itoa(vf)); err == nil {
 			ents, _ := os.ReadDir(l.h.t.abs(vfDir + "/net"))
 			for _, e := range ents {
-				addr := mac.String()
+				addr, assign := mac.String(), "0"
 				if isZeroMAC(mac) {
-					addr = derivedMAC(filepath.Base(vfDir), 0)
+					addr, assign = derivedMAC(filepath.Base(vfDir), 0), "1"
 				}
 				if err := l.h.t.write(vfDir+"/net/"+e.Name()+"/address", addr+"\n", 0o444); err != nil {
+					return err
+				}
+				if err := l.h.t.write(vfDir+"/net/"+e.Name()+"/addr_assign_type", assign+"\n", 0o444); err != nil {
 					return err
 				}
 			}

@@ -205,17 +205,21 @@ func Leftovers(mnt string, root int) []int {
 
 // Sweep kills the node's leftover processes (see Leftovers) and reaps the
 // ones that became this process's children, until none is left or timeout.
-func Sweep(mnt string, root int, timeout time.Duration) ([]int, error) {
+// It returns them as "pid (command)".
+func Sweep(mnt string, root int, timeout time.Duration) ([]string, error) {
 	deadline := time.Now().Add(timeout)
-	var killed []int
+	var killed []string
+	seen := map[int]bool{}
 	for {
 		left := Leftovers(mnt, root)
 		if len(left) == 0 {
 			return killed, nil
 		}
 		for _, pid := range left {
-			if syscall.Kill(pid, syscall.SIGKILL) == nil && !slices.Contains(killed, pid) {
-				killed = append(killed, pid)
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if syscall.Kill(pid, syscall.SIGKILL) == nil && !seen[pid] {
+				seen[pid] = true
+				killed = append(killed, fmt.Sprintf("%d (%s)", pid, strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " ")))
 			}
 		}
 		// Reap orphans reparented to this (subreaper) process.

@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
@@ -233,16 +234,9 @@ func checkOverlay(t *testing.T, shipped, ours *appsv1.DaemonSet) {
 	if oc.Image != DriverImage || oc.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("overlay image %s pull %s, want %s Never", oc.Image, oc.ImagePullPolicy, DriverImage)
 	}
-	var want []string
-	for _, a := range sc.Args {
-		if strings.HasPrefix(a, "--sysfs-root=") {
-			a = "--sysfs-root=" + SimRoot + "/sys"
-		}
-		want = append(want, a)
-	}
-	want = append(want, "--simulate", "--dev-root="+SimRoot+"/dev")
+	want := append(slices.Clone(sc.Args), "--simulate", "--sysfs-root="+SimRoot+"/sys", "--dev-root="+SimRoot+"/dev")
 	if !reflect.DeepEqual(oc.Args, want) {
-		t.Errorf("overlay args %q, want the shipped ones with the simulated roots %q (manifests/ changed? update testdata/overlay/simulate.yaml)", oc.Args, want)
+		t.Errorf("overlay args %q, want the shipped ones and the simulated host's %q", oc.Args, want)
 	}
 	oc.Image, oc.ImagePullPolicy, oc.Args = sc.Image, sc.ImagePullPolicy, sc.Args
 	oc.VolumeMounts = slices.DeleteFunc(oc.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "vfnet-sim" })
@@ -316,10 +310,10 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 			if v := attr("resource.kubernetes.io/pciBusID").StringValue; v != nil {
 				out.bdf = *v
 			}
-			if v := attr("pfName").StringValue; v != nil {
+			if v := attr("vfnet.io/pfName").StringValue; v != nil {
 				out.pf = *v
 			}
-			if v := attr("vfIndex").IntValue; v != nil {
+			if v := attr("vfnet.io/vfIndex").IntValue; v != nil {
 				out.index = int(*v)
 			}
 		}
@@ -327,7 +321,7 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 	if out.bdf == "" || out.pf == "" {
 		t.Fatalf("device %s not found with pciBusID and pfName in the node's slices", r.Device)
 	}
-	out.cdiSpecFile = filepath.Join(cdiDir, driverName+"_vf-"+string(c.UID)+".json")
+	out.cdiSpecFile = cdi.Writer{Root: cdiDir}.SpecPath(c.UID)
 	return out
 }
 
@@ -541,7 +535,11 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if err := json.Unmarshal(out, pod); err != nil {
 		t.Fatal(err)
 	}
-	// KubeVirt names the pod with generateName.
+	// virt-controller creates it in the VMI's namespace, named by
+	// generateName.
+	if pod.Namespace == "" {
+		pod.Namespace = vmi.GetNamespace()
+	}
 	if pod.Name == "" {
 		pod.Name = strings.TrimSuffix(pod.GenerateName, "-") + "-test"
 	}
@@ -582,17 +580,25 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if _, err := e.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create launcher pod: %v", err)
 	}
-	pod, err = e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started", func(p *corev1.Pod) bool {
-		if p.Status.Phase != corev1.PodRunning {
-			return false
-		}
+	pod, err = e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started (or one ended)", func(p *corev1.Pod) bool {
+		running := 0
 		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Running == nil {
-				return false
+			if cs.State.Terminated != nil {
+				return true // restartPolicy Never: it stays so
+			}
+			if cs.State.Running != nil {
+				running++
 			}
 		}
-		return true
+		return p.Status.Phase == corev1.PodRunning && running == len(p.Spec.Containers)
 	})
+	if err == nil {
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Terminated != nil {
+				err = fmt.Errorf("container %s ended:\n%s\nlog:\n%s", cs.Name, DescribePod(pod), PodLog(pod, cs.Name))
+			}
+		}
+	}
 	if err != nil {
 		t.Fatalf("%v\nevents:\n%s", err, e.Events(ctx, "default", pod.Name))
 	}

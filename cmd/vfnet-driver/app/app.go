@@ -277,18 +277,21 @@ func runDriver(args []string, stderr io.Writer) int {
 	}
 	defer klog.Flush()
 	if _, set := os.LookupEnv("GOGC"); !set {
-		// The idle driver's live heap is about 12 MiB with 1024 VFs (most
-		// of it the resourceslice controller's informer cache and desired
-		// copy of the slices); GOGC=100 lets the heap reach twice that
-		// between cycles. Measured idle RssAnon against a real API server:
-		// ~20 MiB at GOGC=50, ~18 MiB at 25. A rescan allocates ~4 MiB and
-		// a collection of this heap costs ~10 ms of CPU, so even at 25 the
-		// GC needs well under 1% of a core at the default 30 s rescan. A
-		// soft memory limit (GOMEMLIMIT=20MiB: ~15.7 MiB) is not set by
-		// default: unlike a percentage it does not scale with the host,
-		// and a node whose live heap outgrows it would collect
-		// continuously (up to the runtime's 50% CPU cap).
-		debug.SetGCPercent(25)
+		// The idle driver's live heap is about 13 MiB with 1024 VFs, most
+		// of it two copies of the devices (the resourceslice controller's
+		// desired slices and its informer cache, ~5 MiB each at 15
+		// attributes a device); GOGC=100 lets the heap reach twice that
+		// between cycles. Measured idle RssAnon against a real API server
+		// (4 x 256 simulated VFs, default 30 s rescan, 120 s idle; see
+		// BENCHMARKS.md): 25.2 MiB and 1.4% of a core at GOGC=25, 22.1 MiB
+		// and 1.7% at GOGC=10. A rescan allocates ~10 MiB (sysfs reads and
+		// the device model), a collection of this heap costs ~10 ms of
+		// CPU: the 3 MiB are worth the extra ~0.3% of a core. A soft memory
+		// limit (GOMEMLIMIT) is not set by default: unlike a percentage it
+		// does not scale with the host, and a node whose live heap
+		// outgrows it would collect continuously (up to the runtime's 50%
+		// CPU cap).
+		debug.SetGCPercent(10)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

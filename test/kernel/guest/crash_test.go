@@ -177,8 +177,45 @@ func TestConcurrentAndKilled(t *testing.T) {
 		}
 		each(func(c *resourceapi.ResourceClaim) error { return unprepareClaim(ctx, s, c) })
 		for i, vf := range vfs {
-			m.checkRestored(t, pf, vf, before[i])
+			m.checkRestored(t, pf, vf, before[i], false)
 		}
+	})
+
+	// The real vfnet-driver process (in a pod-like namespace, against the
+	// harness's API server) SIGKILLed while the kubelet's prepare call is
+	// in flight, as soon as its checkpoint names the claim; a restarted
+	// one finishes the prepare when the kubelet retries and undoes it on
+	// unprepare.
+	t.Run("real-driver-killed", func(t *testing.T) {
+		kube, apiHost := m.apiClient(t)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		apiNode(t, ctx, kube)
+		vf := pf.VFs[2]
+		before := m.vfState(t, pf, vf)
+		ns, dir := podNetns(t, apiHost, m.lay.APIServer), t.TempDir()
+		ref := apiClaim(t, ctx, kube, "killed-driver", fmt.Sprintf(`{%s,"mac":"02:00:00:00:09:01","vlan":77,"trust":true}`, vfConfigHead), vf)
+		d1 := m.startDriver(t, ctx, ns, dir)
+		calls := make(chan error, 1)
+		go func() { _, err := d1.prepare(ctx, ref); calls <- err }()
+		cp := filepath.Join(dir, "plugin", "checkpoint.json")
+		waitFor(t, ctx, d1.exited, "the claim in the driver's checkpoint", func() bool {
+			data, _ := os.ReadFile(cp)
+			return strings.Contains(string(data), ref.Uid)
+		})
+		d1.kill(t)
+		err := <-calls
+		t.Logf("killed mid-prepare (the kubelet's call: %v): %s", err, m.vfState(t, pf, vf))
+		d2 := m.startDriver(t, ctx, ns, dir)
+		if _, err := d2.prepare(ctx, ref); err != nil {
+			t.Fatalf("prepare after restart: %v", err)
+		}
+		m.checkPrepared(t, pf, vf, vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0, 9, 1}, VLAN: 77, Trust: true, SpoofChk: before.Link.SpoofChk})
+		if err := d2.unprepare(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		m.checkRestored(t, pf, vf, before, false)
+		d2.stop(t)
 	})
 
 	vf := pf.VFs[0]
@@ -201,7 +238,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 	prepSteps, _ := runKilled(t, dir, "prepare", 0)
 	m.checkPrepared(t, pf, vf, want)
 	unprepSteps, _ := runKilled(t, dir, "unprepare", 0)
-	m.checkRestored(t, pf, vf, before)
+	m.checkRestored(t, pf, vf, before, false)
 	t.Logf("prepare steps: %v\nunprepare steps: %v", prepSteps, unprepSteps)
 	if len(prepSteps) < 3 || len(unprepSteps) < 2 {
 		t.Fatalf("too few hook steps to kill at: %v / %v", prepSteps, unprepSteps)
@@ -225,7 +262,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 			if err := unprepareClaim(ctx, s, c); err != nil {
 				t.Fatalf("unprepare after restart: %v", err)
 			}
-			m.checkRestored(t, pf, vf, before)
+			m.checkRestored(t, pf, vf, before, false)
 		})
 	}
 	for at := 1; at <= len(unprepSteps); at++ {
@@ -241,7 +278,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 			if err := unprepareClaim(ctx, s, c); err != nil {
 				t.Fatalf("unprepare after restart: %v", err)
 			}
-			m.checkRestored(t, pf, vf, before)
+			m.checkRestored(t, pf, vf, before, false)
 		})
 	}
 }

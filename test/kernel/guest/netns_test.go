@@ -5,6 +5,7 @@ package guest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -32,6 +34,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
@@ -43,7 +46,7 @@ import (
 // address its kubeconfig (and certificate) names.
 func podNetns(t *testing.T, listen, target string) string {
 	t.Helper()
-	path := filepath.Join("/run", "netns-"+t.Name())
+	path := filepath.Join("/run", "netns-"+strings.ReplaceAll(t.Name(), "/", "-"))
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -136,23 +139,20 @@ func dialUnix(t *testing.T, path string) *grpc.ClientConn {
 	return conn
 }
 
-// Case 6: the real vfnet-driver, in a network namespace of its own as in a
-// pod without host networking, publishes the VFs and prepares a VF of a PF
-// in the initial namespace through --host-netns, then unprepares it.
-func TestDriverInOwnNetns(t *testing.T) {
-	m := guest(t)
-	kube, apiHost := m.apiClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("create node %s: %v", nodeName, err)
-	}
-	pf := m.pf(t, layout.RoleNUMA1)
-	vf := pf.VFs[0]
-	before := m.vfState(t, pf, vf)
+// driverProc is a real vfnet-driver process in a pod-like network
+// namespace, registered with the test playing the kubelet.
+type driverProc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	logs   *syncBuf
+	dra    drapb.DRAPluginClient
+	done   bool
+}
 
-	ns := podNetns(t, apiHost, m.lay.APIServer)
-	dir := t.TempDir()
+// startDriver starts vfnet-driver in the network namespace ns with its
+// directories under dir (the same dir for a restart) and registers it.
+func (m *machine) startDriver(t *testing.T, ctx context.Context, ns, dir string) *driverProc {
+	t.Helper()
 	regDir, pluginDir := filepath.Join(dir, "reg"), filepath.Join(dir, "plugin")
 	for _, d := range []string{regDir, pluginDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -163,31 +163,28 @@ func TestDriverInOwnNetns(t *testing.T) {
 		"--sysfs-root", "/sys", "--dev-root", "/dev", "--config", m.writeNodeConfig(t),
 		"--registrar-dir", regDir, "--plugin-dir", pluginDir, "--cdi-root", filepath.Join(dir, "cdi"),
 		"--kubelet-pods-dir", filepath.Join(dir, "pods"), "--host-netns", vflink.DefaultHostNetns}
-	drv := exec.Command("/proc/self/exe", append([]string{execInNetnsArg, ns}, args...)...)
-	var logs syncBuf
-	drv.Stdout, drv.Stderr = &logs, &logs
-	if err := drv.Start(); err != nil {
+	d := &driverProc{cmd: exec.Command("/proc/self/exe", append([]string{execInNetnsArg, ns}, args...)...),
+		exited: make(chan error, 1), logs: &syncBuf{}}
+	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	regSock := filepath.Join(regDir, discovery.DriverName+"-reg.sock")
+	_ = os.Remove(regSock) // a killed predecessor's; wait for the new one
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- drv.Wait() }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = drv.Process.Kill()
-			<-exited
+	go func() { d.exited <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		if !d.done {
+			_ = d.cmd.Process.Kill()
+			<-d.exited
 		}
 		if t.Failed() {
-			t.Logf("vfnet-driver output:\n%s", logs.String())
+			t.Logf("vfnet-driver (pid %d) output:\n%s", d.cmd.Process.Pid, d.logs.String())
 		}
-	}()
-
-	// The kubelet's side: registration, then the DRA service.
-	regSock := filepath.Join(regDir, discovery.DriverName+"-reg.sock")
-	waitFor(t, ctx, exited, "the registration socket "+regSock, func() bool { _, err := os.Stat(regSock); return err == nil })
-	own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", drv.Process.Pid))
+	})
+	waitFor(t, ctx, d.exited, "the registration socket "+regSock, func() bool { _, err := os.Stat(regSock); return err == nil })
+	own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", d.cmd.Process.Pid))
 	host, _ := os.Readlink("/proc/1/ns/net")
-	t.Logf("driver pid %d in %s, PF %s in %s", drv.Process.Pid, own, pf.NetDev, host)
+	t.Logf("driver pid %d in %s, the PFs in %s", d.cmd.Process.Pid, own, host)
 	if own == host || own == "" {
 		t.Fatalf("the driver runs in network namespace %q, the host's is %q: want its own", own, host)
 	}
@@ -199,7 +196,107 @@ func TestDriverInOwnNetns(t *testing.T) {
 	if _, err := rc.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
 	}
-	dra := drapb.NewDRAPluginClient(dialUnix(t, info.Endpoint))
+	d.dra = drapb.NewDRAPluginClient(dialUnix(t, info.Endpoint))
+	return d
+}
+
+// kill SIGKILLs the driver.
+func (d *driverProc) kill(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.exited
+	d.done = true
+}
+
+// stop SIGTERMs the driver, which must exit cleanly.
+func (d *driverProc) stop(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	d.done = true
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			t.Errorf("vfnet-driver exited with %v after SIGTERM", err)
+		}
+	case <-time.After(time.Minute):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("vfnet-driver did not stop within a minute of SIGTERM")
+	}
+}
+
+func (d *driverProc) prepare(ctx context.Context, ref *drapb.Claim) (*drapb.NodePrepareResourceResponse, error) {
+	pr, err := d.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+	if err != nil {
+		return nil, err
+	}
+	res := pr.Claims[ref.Uid]
+	if res == nil {
+		return nil, fmt.Errorf("no result for claim %s", ref.Uid)
+	}
+	if res.Error != "" {
+		return res, errors.New(res.Error)
+	}
+	return res, nil
+}
+
+func (d *driverProc) unprepare(ctx context.Context, ref *drapb.Claim) error {
+	ur, err := d.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+	if err != nil {
+		return err
+	}
+	if r := ur.Claims[ref.Uid]; r == nil || r.Error != "" {
+		return fmt.Errorf("NodeUnprepareResources: %+v", r)
+	}
+	return nil
+}
+
+// apiClaim creates an allocated claim for vf with VFConfig params in the
+// API server and returns the kubelet's reference to it.
+func apiClaim(t *testing.T, ctx context.Context, kube kubernetes.Interface, name, params string, vf sysfs.VF) *drapb.Claim {
+	t.Helper()
+	c := claim(name, params, vf)
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "vf", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
+	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
+	status := c.Status
+	c.Status = resourceapi.ResourceClaimStatus{}
+	c.UID = ""
+	created, err := kube.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create claim: %v", err)
+	}
+	created.Status = status
+	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("allocate claim: %v", err)
+	}
+	return &drapb.Claim{Namespace: created.Namespace, Name: created.Name, Uid: string(created.UID)}
+}
+
+// apiNode creates the node object the driver's slices belong to.
+func apiNode(t *testing.T, ctx context.Context, kube kubernetes.Interface) {
+	t.Helper()
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create node %s: %v", nodeName, err)
+	}
+}
+
+// Case 6: the real vfnet-driver, in a network namespace of its own as in a
+// pod without host networking, publishes the VFs and prepares a VF of a PF
+// in the initial namespace through --host-netns, then unprepares it.
+func TestDriverInOwnNetns(t *testing.T) {
+	m := guest(t)
+	kube, apiHost := m.apiClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	apiNode(t, ctx, kube)
+	pf := m.pf(t, layout.RoleNUMA1)
+	vf := pf.VFs[0]
+	before := m.vfState(t, pf, vf)
+	drv := m.startDriver(t, ctx, podNetns(t, apiHost, m.lay.APIServer), t.TempDir())
 
 	// It publishes the VFs it can prepare: the PFs' netdevs are found
 	// through the host namespace although its own has none of them.
@@ -207,7 +304,7 @@ func TestDriverInOwnNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, exited, "a ResourceSlice with "+devName, func() bool {
+	waitFor(t, ctx, drv.exited, "a ResourceSlice with "+devName, func() bool {
 		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
@@ -222,56 +319,19 @@ func TestDriverInOwnNetns(t *testing.T) {
 		return false
 	})
 
-	c := claim("netns", `{`+vfConfigHead+`,"mac":"02:00:00:00:06:01","vlan":61,"trust":true}`, vf)
-	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "vf", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
-	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
-	status := c.Status
-	c.Status = resourceapi.ResourceClaimStatus{}
-	c.UID = ""
-	created, err := kube.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create claim: %v", err)
-	}
-	created.Status = status
-	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("allocate claim: %v", err)
-	}
-	ref := []*drapb.Claim{{Namespace: created.Namespace, Name: created.Name, Uid: string(created.UID)}}
+	ref := apiClaim(t, ctx, kube, "netns", `{`+vfConfigHead+`,"mac":"02:00:00:00:06:01","vlan":61,"trust":true}`, vf)
 	start := time.Now()
-	pr, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: ref})
-	if err != nil {
-		t.Fatalf("NodePrepareResources: %v", err)
-	}
-	res := pr.Claims[string(created.UID)]
-	if res == nil || res.Error != "" || len(res.Devices) != 1 {
-		t.Fatalf("NodePrepareResources: %+v", res)
+	res, err := drv.prepare(ctx, ref)
+	if err != nil || len(res.Devices) != 1 {
+		t.Fatalf("NodePrepareResources: %+v, %v", res, err)
 	}
 	t.Logf("prepared in %s: %v", time.Since(start).Round(time.Millisecond), res.Devices[0].CdiDeviceIds)
 	m.checkPrepared(t, pf, vf, vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0, 6, 1}, VLAN: 61, Trust: true, SpoofChk: before.Link.SpoofChk})
-
-	ur, err := dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: ref})
-	if err != nil {
-		t.Fatalf("NodeUnprepareResources: %v", err)
-	}
-	if r := ur.Claims[string(created.UID)]; r == nil || r.Error != "" {
-		t.Fatalf("NodeUnprepareResources: %+v", r)
-	}
-	m.checkRestored(t, pf, vf, before)
-
-	if err := drv.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := drv.unprepare(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
-	stopped = true
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("vfnet-driver exited with %v after SIGTERM", err)
-		}
-	case <-time.After(time.Minute):
-		_ = drv.Process.Kill()
-		<-exited
-		t.Errorf("vfnet-driver did not stop within a minute of SIGTERM")
-	}
+	m.checkRestored(t, pf, vf, before, false)
+	drv.stop(t)
 }
 
 // waitFor polls cond until it holds, the driver exits or ctx ends.

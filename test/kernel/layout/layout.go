@@ -73,7 +73,7 @@ const (
 
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
-func NeedsAPIServer(c string) bool { return c == "netns" }
+func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" }
 
 // PF returns the PF with role, or false.
 func (l Layout) PF(role string) (PF, bool) {

@@ -170,6 +170,9 @@ func Run(ctx context.Context, h Host) (Trace, error) {
 				h.Writer.WriteFile("bus/pci/drivers/"+vfDriver+"/unbind", []byte(bdf)))
 		}},
 		{"bind-without-override", func() error { return h.Writer.WriteFile("bus/pci/drivers/"+vfDriver+"/bind", []byte(bdf)) }},
+		// With no administrative MAC: does vfio-pci's bind make the PF
+		// forget the MAC the VF driver chose?
+		{"bind-vfio-unset-mac", func() error { _, err := b.BindVFIO(ctx, bdf, 30*time.Second); return err }},
 		{"bind-through-override", func() error {
 			err := b.Restore(ctx, bdf, vfDriver, "")
 			return errors.Join(err, h.Writer.WriteFile(pfDev+"sriov_drivers_autoprobe", []byte("1")))

@@ -33,6 +33,7 @@ import (
 
 	v1 "kubevirt.io/api/core/v1"
 	"kubevirt.io/kubevirt/pkg/hooks"
+	"kubevirt.io/kubevirt/pkg/os/disk"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/golden"
@@ -99,7 +100,15 @@ func run(args []string) (hooks.Manager, error) {
 	if err := json.Unmarshal(data, vmi); err != nil {
 		return nil, fmt.Errorf("VMI %s: %w", vmiFile, err)
 	}
-	dom, err := golden.Domain(golden.Case{Name: vmi.Name, VMI: vmi})
+	// virt-handler reports each containerDisk's image format; the example
+	// VM's is a qcow2 (no disk is read here).
+	disks := map[string]*disk.DiskInfo{}
+	for _, v := range vmi.Spec.Volumes {
+		if v.ContainerDisk != nil {
+			disks[v.Name] = &disk.DiskInfo{Format: "qcow2"}
+		}
+	}
+	dom, err := golden.Domain(golden.Case{Name: vmi.Name, VMI: vmi, DisksInfo: disks})
 	if err != nil {
 		return nil, err
 	}

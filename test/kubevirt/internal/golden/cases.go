@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	v1 "kubevirt.io/api/core/v1"
+
+	"kubevirt.io/kubevirt/pkg/os/disk"
 )
 
 // BindingName is the binding plugin name the product registers.
@@ -36,6 +38,9 @@ type Case struct {
 	// the converter itself must turn into a domain <interface>.
 	DomainAttachment map[string]string
 	VFs              []VF
+	// DisksInfo is what virt-handler reports about containerDisk images
+	// (qemu-img info), by volume name; the converter needs it for each.
+	DisksInfo map[string]*disk.DiskInfo
 }
 
 // Cases returns the VMIs the golden inputs are generated from. Names are file

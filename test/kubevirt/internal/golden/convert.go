@@ -10,6 +10,7 @@ import (
 
 	v1 "kubevirt.io/api/core/v1"
 
+	ephemeraldisk "kubevirt.io/kubevirt/pkg/ephemeral-disk"
 	cmdv1 "kubevirt.io/kubevirt/pkg/handler-launcher-com/cmd/v1"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter"
@@ -38,6 +39,10 @@ func Domain(c Case) (*api.Domain, error) {
 		FreePageReporting:               true,
 		SerialConsoleLog:                true,
 		DomainAttachmentByInterfaceName: c.DomainAttachment,
+		DisksInfo:                       c.DisksInfo,
+		// As virt-launcher makes it (--ephemeral-disk-dir default): the
+		// converter asks it where a containerDisk's overlay lives.
+		EphemeraldiskCreator: ephemeraldisk.NewEphemeralDiskCreator(filepath.Join("/var/run/kubevirt-ephemeral-disks", "disk-data")),
 	}
 	domain := &api.Domain{}
 	if err := converter.Convert_v1_VirtualMachineInstance_To_api_Domain(vmi, domain, ctx); err != nil {
