@@ -8,7 +8,7 @@ export VFNET_CACHE := $(CACHE)
 # cache cannot see, so a cached pass could hide a broken binary.
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 
-.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench clean
+.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale clean
 
 all: build
 
@@ -68,6 +68,10 @@ verify-generate:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Only the many-node benchmark (100 nodes x 256 VFs, 500 pods; a few minutes).
+bench-scale: k8s-bin
+	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test -run '^$$' -bench ManyNodes -benchtime 1x -timeout 60m ./test/scale
 
 # With a Docker engine: the Dockerfile's targets. Without one: the same static
 # builds packed as OCI archives by pkg/ociimage (bin/images/vfnet-{driver,binding}.tar;

@@ -2,14 +2,13 @@
 // libvirt domain XML, the mutation vfnet-binding performs in KubeVirt's
 // OnDefineDomain hook.
 //
-// A domain model such as libvirtxml's knows only the elements it models: a
-// round trip drops unknown elements (and unknown children of known ones) and
-// rewrites namespace prefixes such as KubeVirt's qemu:commandline. So the
-// domain is never re-marshalled as a whole: the document is scanned token by
-// token to find <devices> and its <hostdev> children, and only our hostdevs
-// (pkg/hostdev's Element, which encodes as libvirtxml's DomainHostdev) are
-// spliced into the original bytes. Everything else in the input is copied
-// byte for byte.
+// libvirtxml models only the elements it knows: a Domain round trip drops
+// unknown elements (and unknown children of known ones) and rewrites
+// namespace prefixes such as KubeVirt's qemu:commandline. So the domain is
+// never re-marshalled as a whole: the document is scanned token by token to
+// find <devices> and its <hostdev> children, and only our hostdevs (built
+// with libvirtxml) are spliced into the original bytes. Everything else in
+// the input is copied byte for byte.
 package domain
 
 import (
@@ -21,6 +20,7 @@ import (
 	"sync"
 
 	"k8s.io/klog/v2"
+	"libvirt.org/go/libvirtxml"
 
 	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
 	"github.com/vfnet-io/vfnet/pkg/metadata"
@@ -112,7 +112,7 @@ func describe(ci vmiview.ClaimInterface) string {
 type hostdev struct {
 	alias  string
 	source string // PCI address of the VF
-	el     *vfhostdev.Element
+	el     *libvirtxml.DomainHostdev
 	key    specKey
 }
 
@@ -138,7 +138,7 @@ func keyOf(s vfhostdev.Spec) specKey {
 // HostdevCache keeps the XML of hostdevs earlier calls wrote, keyed by
 // everything that shapes it. virt-launcher calls OnDefineDomain two or three
 // times per VM start with the same interfaces, and marshalling through
-// encoding/xml's reflection is about a tenth of a call. Safe for concurrent
+// libvirtxml's reflection is about a tenth of a call. Safe for concurrent
 // use; bounded.
 type HostdevCache struct {
 	mu sync.Mutex

@@ -223,7 +223,7 @@ func afterNewline(ws string) (string, bool) {
 // address and boot order, so the buffer is allocated once.
 const hostdevSizeHint = 512
 
-// marshaller marshals hostdevs (pkg/hostdev's Element) through one
+// marshaller marshals hostdevs (libvirtxml's MarshalXML) through one
 // xml.Encoder, so a call pays for one encoder and buffer however many
 // hostdevs it writes.
 type marshaller struct {

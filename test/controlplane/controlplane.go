@@ -279,6 +279,30 @@ func (p *Plane) PID(component string) (int, error) {
 	return 0, fmt.Errorf("no control-plane component %q (have etcd, kube-apiserver, kube-controller-manager, kube-scheduler)", component)
 }
 
+// Pause stops a component with SIGSTOP until the returned resume is
+// called (SIGCONT), so a benchmark can queue work for it without it
+// starting early. Stop also ends a paused component (SIGKILL after the
+// grace period), but call resume first.
+func (p *Plane) Pause(component string) (resume func() error, err error) {
+	pid, err := p.PID(component)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("pause %s (pid %d): %w", component, pid, err)
+	}
+	var once sync.Once
+	return func() error {
+		var err error
+		once.Do(func() {
+			if e := syscall.Kill(pid, syscall.SIGCONT); e != nil {
+				err = fmt.Errorf("resume %s (pid %d): %w", component, pid, e)
+			}
+		})
+		return err
+	}, nil
+}
+
 // AdminRESTConfig returns a client config authenticated as cluster admin.
 func (p *Plane) AdminRESTConfig() *rest.Config {
 	return p.RESTConfigForToken(p.AdminToken)

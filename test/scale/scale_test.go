@@ -59,7 +59,8 @@ func TestSmallCluster(t *testing.T) {
 // published the way vfnet-driver publishes them, then 500 pods with vfnet
 // claims scheduled by the real kube-scheduler versus 500 identical pods
 // without claims, in the same run. Goals: all slices in under 10 s, and
-// pods/s with claims at least half of pods/s without. Run with:
+// pods/s with claims at least half of pods/s without. Results and their
+// analysis: BENCHMARKS.md. Run with `make bench-scale`, i.e.
 //
 //	VFNET_K8S_BIN=$(test/tools/build.sh) go test ./test/scale -run '^$' -bench ManyNodes -benchtime 1x -timeout 60m
 func BenchmarkManyNodes(b *testing.B) {
@@ -126,7 +127,7 @@ func Summary(r Result) string {
 		name string
 		p    Phase
 	}{{"without claims", r.WithoutClaims}, {"with claims", r.WithClaims}} {
-		fmt.Fprintf(&sb, "%s: %d pods in %v = %.1f pods/s (all created after %v); CPU: %s\n", ph.name, ph.p.Pods,
+		fmt.Fprintf(&sb, "%s: %d pods in %v = %.1f pods/s (created beforehand in %v); CPU: %s\n", ph.name, ph.p.Pods,
 			ph.p.Duration.Round(time.Millisecond), ph.p.PodsPerSecond(), ph.p.Created.Round(time.Millisecond), cpuLine(ph.p.CPU))
 	}
 	fmt.Fprintf(&sb, "ratio with/without claims: %.2f", r.Ratio())

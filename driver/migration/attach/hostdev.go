@@ -5,10 +5,10 @@
 package attach
 
 import (
-	"encoding/xml"
 	"fmt"
-	"strconv"
 	"strings"
+
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/pkg/hostdev"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
@@ -47,88 +47,36 @@ type liveDomain struct {
 	memoryBytes uint64
 }
 
-// liveXML is the part of a libvirt domain parseLiveDomain reads (a few
-// fields instead of libvirtxml's whole domain model, see pkg/hostdev).
-type liveXML struct {
-	Memory    *memoryXML   `xml:"memory"`
-	MaxMemory *memoryXML   `xml:"maxMemory"`
-	Hostdevs  []hostdevXML `xml:"devices>hostdev"`
-}
-
-type memoryXML struct {
-	Unit  string `xml:"unit,attr"`
-	Value string `xml:",chardata"`
-}
-
-type hostdevXML struct {
-	Mode   string `xml:"mode,attr"`
-	Type   string `xml:"type,attr"`
-	Source *struct {
-		Address *pciXML `xml:"address"`
-	} `xml:"source"`
-	Alias *struct {
-		Name string `xml:"name,attr"`
-	} `xml:"alias"`
-}
-
-type pciXML struct {
-	Domain   *string `xml:"domain,attr"`
-	Bus      *string `xml:"bus,attr"`
-	Slot     *string `xml:"slot,attr"`
-	Function *string `xml:"function,attr"`
-}
-
 func parseLiveDomain(domXML string) (liveDomain, error) {
-	var d liveXML
-	if err := xml.Unmarshal([]byte(domXML), &d); err != nil {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(domXML); err != nil {
 		return liveDomain{}, fmt.Errorf("parse live domain XML: %w", err)
 	}
 	ld := liveDomain{aliases: map[string]bool{}, sources: map[PCIAddress]string{}}
-	for _, hd := range d.Hostdevs {
-		alias := ""
-		if hd.Alias != nil {
-			alias = hd.Alias.Name
-			ld.aliases[alias] = true
-		}
-		if hd.Mode != "subsystem" || hd.Type != "pci" || hd.Source == nil || hd.Source.Address == nil {
-			continue
-		}
-		a, err := hd.Source.Address.parse()
-		if err != nil {
-			return liveDomain{}, fmt.Errorf("parse live domain XML: hostdev %q source address: %w", alias, err)
-		}
-		if a != nil {
-			ld.sources[*a] = alias
+	if d.Devices != nil {
+		for _, hd := range d.Devices.Hostdevs {
+			alias := ""
+			if hd.Alias != nil {
+				alias = hd.Alias.Name
+				ld.aliases[alias] = true
+			}
+			if hd.SubsysPCI != nil && hd.SubsysPCI.Source != nil && hd.SubsysPCI.Source.Address != nil {
+				a := hd.SubsysPCI.Source.Address
+				if a.Domain != nil && a.Bus != nil && a.Slot != nil && a.Function != nil {
+					ld.sources[PCIAddress{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}] = alias
+				}
+			}
 		}
 	}
-	for _, m := range []*memoryXML{d.Memory, d.MaxMemory} {
-		if m == nil {
-			continue
+	if d.Memory != nil {
+		ld.memoryBytes = scaled(d.Memory.Value, d.Memory.Unit)
+	}
+	if d.MaximumMemory != nil {
+		if m := scaled(d.MaximumMemory.Value, d.MaximumMemory.Unit); m > ld.memoryBytes {
+			ld.memoryBytes = m
 		}
-		v, err := strconv.ParseUint(strings.TrimSpace(m.Value), 10, 64)
-		if err != nil {
-			return liveDomain{}, fmt.Errorf("parse live domain XML: memory %q: %w", m.Value, err)
-		}
-		ld.memoryBytes = max(ld.memoryBytes, scaled(uint(v), m.Unit))
 	}
 	return ld, nil
-}
-
-// parse reads libvirt's hex attributes ("0x3b", the 0x optional); nil when
-// one is missing.
-func (p *pciXML) parse() (*PCIAddress, error) {
-	var out [4]uint
-	for i, s := range []*string{p.Domain, p.Bus, p.Slot, p.Function} {
-		if s == nil {
-			return nil, nil
-		}
-		v, err := strconv.ParseUint(strings.TrimPrefix(*s, "0x"), 16, 64)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = uint(v)
-	}
-	return &PCIAddress{Domain: out[0], Bus: out[1], Slot: out[2], Function: out[3]}, nil
 }
 
 // scaled converts a libvirt memory value to bytes; libvirt's default unit is KiB.
