@@ -59,7 +59,7 @@ type Image struct {
 
 // epoch is every timestamp in the image: builds of the same binaries give
 // the same digests.
-var epoch = time.Unix(0, 0).UTC()
+func epoch() time.Time { return time.Unix(0, 0).UTC() }
 
 // Build returns the image: one gzip layer, OCI media types.
 func (im Image) Build() (v1.Image, error) {
@@ -79,7 +79,7 @@ func (im Image) Build() (v1.Image, error) {
 	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
-		Created: v1.Time{Time: epoch}, CreatedBy: "vfnet ociimage", Comment: "files of " + im.Ref,
+		Created: v1.Time{Time: epoch()}, CreatedBy: "vfnet ociimage", Comment: "files of " + im.Ref,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", im.Ref, err)
@@ -90,7 +90,7 @@ func (im Image) Build() (v1.Image, error) {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", im.Arch
-	cfg.Created = v1.Time{Time: epoch}
+	cfg.Created = v1.Time{Time: epoch()}
 	cfg.Config.Entrypoint = im.Entrypoint
 	cfg.Config.Cmd = im.Cmd
 	cfg.Config.User = im.User
@@ -117,7 +117,7 @@ func (im Image) layer() ([]byte, error) {
 			return err
 		}
 		seen[dir] = true
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(dir, "/") + "/", Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX})
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(dir, "/") + "/", Mode: 0o755, ModTime: epoch(), Format: tar.FormatPAX})
 	}
 	for _, f := range im.Files {
 		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path {
@@ -130,7 +130,7 @@ func (im Image) layer() ([]byte, error) {
 			return nil, err
 		}
 		seen[f.Path] = true
-		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), Mode: int64(f.Mode.Perm()), Uid: f.UID, Gid: f.GID, ModTime: epoch, Format: tar.FormatPAX}
+		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), Mode: int64(f.Mode.Perm()), Uid: f.UID, Gid: f.GID, ModTime: epoch(), Format: tar.FormatPAX}
 		switch {
 		case f.Symlink != "":
 			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Symlink, 0o777
@@ -203,14 +203,14 @@ func WriteArchive(w io.Writer, ref string, img v1.Image) error {
 	}
 	tw := tar.NewWriter(w)
 	put := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch()}); err != nil {
 			return err
 		}
 		_, err := tw.Write(data)
 		return err
 	}
 	for _, d := range []string{"blobs/", "blobs/sha256/"} {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch()}); err != nil {
 			return err
 		}
 	}

@@ -32,7 +32,7 @@ const (
 // LauncherPodArgs are genlauncherpod's flags for the pod the tier runs: the
 // VMI as virt-api mutates it (non-root: containers run as 107) and the
 // binding sidecar with the VM's claims, as KubeVirt renders it from v1.10.
-var LauncherPodArgs = []string{"-virt-api-mutations", "-v110-sidecar-claims"}
+func LauncherPodArgs() []string { return []string{"-virt-api-mutations", "-v110-sidecar-claims"} }
 
 // Artifacts are what the parent test builds before entering the namespace
 // (the namespace has no network: nothing may need the module proxy there).
@@ -149,7 +149,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	// is rendered again inside with the VMI's real UID.
 	a.VMI = filepath.Join(dir, "vmi.json")
 	cmd := exec.CommandContext(ctx, a.GenLauncherPod, append([]string{"-kubevirt", a.KubeVirtCR,
-		"-vm", filepath.Join(repo, "manifests", "examples", "vm.yaml"), "-vmi-out", a.VMI}, LauncherPodArgs...)...)
+		"-vm", filepath.Join(repo, "manifests", "examples", "vm.yaml"), "-vmi-out", a.VMI}, LauncherPodArgs()...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if _, err := cmd.Output(); err != nil {

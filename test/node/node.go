@@ -51,13 +51,15 @@ const SimRoot = "/var/lib/vfnet-sim"
 // values it wants; inside the namespace, a file with that value is bound
 // read-only over each one that differs, so the kubelet finds nothing to
 // change and the host's values stay as they are.
-var kubeletTunables = map[string]string{
-	"vm/overcommit_memory":      "1",
-	"vm/panic_on_oom":           "0",
-	"kernel/panic":              "10",
-	"kernel/panic_on_oops":      "1",
-	"kernel/keys/root_maxkeys":  "1000000",
-	"kernel/keys/root_maxbytes": "25000000",
+func kubeletTunables() map[string]string {
+	return map[string]string{
+		"vm/overcommit_memory":      "1",
+		"vm/panic_on_oom":           "0",
+		"kernel/panic":              "10",
+		"kernel/panic_on_oops":      "1",
+		"kernel/keys/root_maxkeys":  "1000000",
+		"kernel/keys/root_maxbytes": "25000000",
+	}
 }
 
 // EnterNamespace prepares the mount and network namespace this process
@@ -83,7 +85,7 @@ func EnterNamespace(dir string) error {
 	if err := os.MkdirAll(sysctlDir, 0o755); err != nil {
 		return err
 	}
-	for key, want := range kubeletTunables {
+	for key, want := range kubeletTunables() {
 		target := "/proc/sys/" + key
 		cur, err := os.ReadFile(target)
 		if err != nil || strings.TrimSpace(string(cur)) == want {

@@ -27,7 +27,9 @@ import (
 const envChild = "VFNET_REAL_NODE_CHILD"
 
 // steps are the subtests run inside, in order; each needs the ones before.
-var steps = []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare"}
+func steps() []string {
+	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare"}
+}
 
 // TestRealNode: a real kubelet and containerd with vfnet installed from its
 // manifests; see the package doc. The subtests run in a re-executed copy of
@@ -113,7 +115,7 @@ func TestRealNode(t *testing.T) {
 	childErr := cmd.Wait()
 	t.Logf("node run (namespace, bring-up, subtests, teardown) took %s", time.Since(nodeStart).Round(time.Second))
 
-	for _, s := range steps {
+	for _, s := range steps() {
 		t.Run(s, func(t *testing.T) {
 			d := ""
 			if v, ok := detail.Load(s); ok {
@@ -226,7 +228,7 @@ func runInside(t *testing.T, dir string) {
 		"RolloutRestart":    e.testRolloutRestart,
 		"KillDuringPrepare": e.testKillDuringPrepare,
 	}
-	for _, s := range steps {
+	for _, s := range steps() {
 		begin := time.Now()
 		if !t.Run(s, run[s]) {
 			t.Logf("%s failed: the later steps need it; stopping", s)

@@ -484,7 +484,9 @@ func (e *env) testVFPod(t *testing.T) {
 	e.waitLog(ctx, t, "Unprepared claim", v.claim.Name, v.device+"="+v.bdf, "duration=")
 }
 
-var vmiGVR = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
+func vmiGVR() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
+}
 
 // testLauncherPod: the example VM's launcher pod as KubeVirt v1.9.0 renders
 // it, run for real: the compute container a stand-in running KubeVirt's
@@ -519,14 +521,14 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	created, err := dyn.Resource(vmiGVR).Namespace(vmi.GetNamespace()).Create(ctx, vmi, metav1.CreateOptions{})
+	created, err := dyn.Resource(vmiGVR()).Namespace(vmi.GetNamespace()).Create(ctx, vmi, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create VMI: %v", err)
 	}
 
 	// The pod, rendered by virt-controller's TemplateService for that VMI.
 	cmd := exec.CommandContext(ctx, e.art.GenLauncherPod, append([]string{"-kubevirt", e.art.KubeVirtCR,
-		"-vm", filepath.Join(e.repo, "manifests", "examples", "vm.yaml"), "-uid", string(created.GetUID())}, LauncherPodArgs...)...)
+		"-vm", filepath.Join(e.repo, "manifests", "examples", "vm.yaml"), "-uid", string(created.GetUID())}, LauncherPodArgs()...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("genlauncherpod: %v", err)
@@ -657,7 +659,7 @@ func (e *env) testLauncherPod(t *testing.T) {
 
 	e.deletePod(ctx, t, pod.Namespace, pod.Name)
 	e.checkRestored(ctx, t, v)
-	if err := dyn.Resource(vmiGVR).Namespace(vmi.GetNamespace()).Delete(ctx, vmi.GetName(), metav1.DeleteOptions{}); err != nil {
+	if err := dyn.Resource(vmiGVR()).Namespace(vmi.GetNamespace()).Delete(ctx, vmi.GetName(), metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
 }
