@@ -68,7 +68,7 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("build images: %v", err)
 	}
 	t.Logf("images and generators built in %s", time.Since(start).Round(time.Second))
-	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo}); err != nil {
+	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo, Before: before}); err != nil {
 		t.Fatal(err)
 	}
 	// Shims daemonize; as a subreaper this process inherits them (and so
@@ -136,19 +136,12 @@ func TestRealNode(t *testing.T) {
 		t.Errorf("node test process: %v", childErr)
 	}
 
-	// The rest of the teardown: processes Down could not stop by PID (a
-	// shim whose container containerd no longer knew) and the cgroup
-	// directories runc leaves (the /k8s.io parents of its containers').
+	// Whatever the node left running is killed (and reported below).
 	killed, sweepErr := Sweep(mnt, os.Getpid(), 30*time.Second)
-	if len(killed) > 0 {
-		t.Logf("swept processes the node left: %v", killed)
-	}
-	if after, err := Snapshot(); err == nil {
-		if err := before.RemoveCgroups(after); err != nil {
-			t.Log(err)
-		}
-	}
 	t.Run("CheckClean", func(t *testing.T) {
+		if len(killed) > 0 {
+			t.Errorf("teardown left processes (now killed): %v", killed)
+		}
 		if sweepErr != nil {
 			t.Error(sweepErr)
 		}
@@ -158,6 +151,9 @@ func TestRealNode(t *testing.T) {
 		}
 		if left := before.Diff(after); len(left) > 0 {
 			t.Errorf("left on the host after teardown: %v", left)
+			if err := before.RemoveCgroups(after); err != nil {
+				t.Error(err)
+			}
 		}
 		if err := os.RemoveAll(dir); err != nil {
 			t.Errorf("remove scratch dir: %v", err)
@@ -173,6 +169,8 @@ type handoff struct {
 	Parts     Parts
 	Artifacts Artifacts
 	Repo      string
+	// Before is the host as the parent found it.
+	Before HostState
 }
 
 func writeJSON(path string, v any) error {
@@ -217,6 +215,13 @@ func runInside(t *testing.T, dir string) {
 			if pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); pid <= 0 || err != nil {
 				break
 			}
+		}
+		// runc removes a container's cgroups but not their /k8s.io
+		// parents: remove the ones the host did not have.
+		if after, err := Snapshot(); err != nil {
+			t.Errorf("teardown: %v", err)
+		} else if err := h.Before.RemoveCgroups(after); err != nil {
+			t.Errorf("teardown: %v", err)
 		}
 		t.Logf("teardown took %s", time.Since(down).Round(100*time.Millisecond))
 	}()
