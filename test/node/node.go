@@ -52,11 +52,11 @@ const SimRoot = "/var/lib/vfnet-sim"
 // read-only over each one that differs, so the kubelet finds nothing to
 // change and the host's values stay as they are.
 var kubeletTunables = map[string]string{
-	"vm/overcommit_memory":     "1",
-	"vm/panic_on_oom":          "0",
-	"kernel/panic":             "10",
-	"kernel/panic_on_oops":     "1",
-	"kernel/keys/root_maxkeys": "1000000",
+	"vm/overcommit_memory":      "1",
+	"vm/panic_on_oom":           "0",
+	"kernel/panic":              "10",
+	"kernel/panic_on_oops":      "1",
+	"kernel/keys/root_maxkeys":  "1000000",
 	"kernel/keys/root_maxbytes": "25000000",
 }
 

@@ -30,8 +30,8 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/flow"
 )
 
@@ -408,7 +408,7 @@ func (e *env) checkContainerSees(ctx context.Context, t *testing.T, pod *corev1.
 		t.Fatal(err)
 	}
 	for p, want := range map[string]DevNode{
-		"/dev/vfio/vfio":              {Char: true, Major: simhost.VFIOContainerMajor, Minor: simhost.VFIOContainerMinor},
+		"/dev/vfio/vfio":             {Char: true, Major: simhost.VFIOContainerMajor, Minor: simhost.VFIOContainerMinor},
 		"/dev/vfio/" + fn.IOMMUGroup: group,
 	} {
 		got, err := StatDev(root + p)
