@@ -238,8 +238,8 @@ func TestDriverOnAPIServer(t *testing.T) {
 	// touched at init and while serving, each fault mapping up to 64 KiB of
 	// page cache around it: nearly all of the binary except parts of the
 	// k8s.io/api types every client-go program links (a do-nothing program
-	// that only imports client-go and kubeletplugin maps ~20 MiB). The
-	// anonymous part (~22 MiB at GOGC=10) is mostly the ~13 MiB live heap,
+	// that links client-go and kubeletplugin maps ~18 MiB). The
+	// anonymous part (~23 MiB at GOGC=10) is mostly the ~13 MiB live heap,
 	// which is the resourceslice controller's copies of the 1024 devices.
 	// Only the part the driver controls is asserted.
 	if st["RssAnon"] > 40*1024 {
