@@ -14,6 +14,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
 // HostState is what the tier must leave as it found it on the host: the
@@ -171,9 +173,9 @@ func processes() map[int]procInfo {
 
 // Leftovers lists the processes that belong to the node: those in its
 // mount namespace mnt, those below root (the parent test, a child
-// subreaper that inherits the shims), and all their descendants (containers
-// run in namespaces of their own but descend from a shim). root's own
-// ancestors and root itself are not listed.
+// subreaper that inherits the shims; 0 for none), and all their
+// descendants (containers run in namespaces of their own but descend from
+// a shim). root's own ancestors and root itself are not listed.
 func Leftovers(mnt string, root int) []int {
 	ps := processes()
 	mine := map[int]bool{}
@@ -189,7 +191,7 @@ func Leftovers(mnt string, root int) []int {
 		if !ok {
 			return false
 		}
-		v := (mnt != "" && p.mnt == mnt) || p.ppid == root || is(p.ppid, depth+1)
+		v := (mnt != "" && p.mnt == mnt) || (root > 0 && p.ppid == root) || is(p.ppid, depth+1)
 		mine[pid] = v
 		return v
 	}
@@ -234,4 +236,41 @@ func Sweep(mnt string, root int, timeout time.Duration) ([]string, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// mntnsFile in a scratch directory records the node's mount namespace, so
+// a later run can find what a killed run left (SweepStale).
+const mntnsFile = "mntns"
+
+// SweepStale kills what earlier runs left whose test process was killed
+// (SIGKILL on a timeout: no teardown ran): the processes of their node's
+// mount namespace and their descendants. A namespace's inode number can be
+// reused once it is gone, so a process counts only if its mounts include
+// that run's scratch directory. Their directories go with ownerdir.
+func SweepStale(prefix string) []string {
+	var killed []string
+	for _, dir := range ownerdir.Stale(prefix) {
+		b, err := os.ReadFile(filepath.Join(dir, mntnsFile))
+		if err != nil {
+			continue
+		}
+		mnt := strings.TrimSpace(string(b))
+		ps := processes()
+		var inNS []int
+		for pid, p := range ps {
+			if p.mnt != mnt {
+				continue
+			}
+			mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+			if err == nil && strings.Contains(string(mi), filepath.Base(dir)) {
+				inNS = append(inNS, pid)
+			}
+		}
+		if len(inNS) == 0 {
+			continue
+		}
+		k, _ := Sweep(mnt, 0, 10*time.Second)
+		killed = append(killed, k...)
+	}
+	return killed
 }

@@ -22,6 +22,8 @@ import (
 	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
+const scratchPrefix = "vfnet-node-"
+
 // envChild carries the scratch directory to the test binary re-run inside
 // the node's namespaces.
 const envChild = "VFNET_REAL_NODE_CHILD"
@@ -57,7 +59,10 @@ func TestRealNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := ownerdir.Make(klog.Background(), "vfnet-node-")
+	if killed := SweepStale(scratchPrefix); len(killed) > 0 {
+		t.Logf("killed what an earlier, killed run left: %v", killed)
+	}
+	dir, err := ownerdir.Make(klog.Background(), scratchPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +95,9 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("re-run the test in new namespaces (root needed): %v", err)
 	}
 	mnt, _ := MountNS(cmd.Process.Pid)
+	if err := os.WriteFile(filepath.Join(dir, mntnsFile), []byte(mnt), 0o644); err != nil {
+		t.Error(err)
+	}
 	results := map[string]string{}
 	var detail sync.Map
 	res := regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): TestRealNode/(\S+) \(`)

@@ -33,6 +33,27 @@ func Make(logger klog.Logger, prefix string) (string, error) {
 	return dir, nil
 }
 
+// Stale lists the directories named prefix* in the temp dir whose owner
+// process no longer exists (those RemoveStale would delete).
+func Stale(prefix string) []string {
+	var out []string
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, d := range dirs {
+		data, err := os.ReadFile(filepath.Join(d, pidFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // RemoveStale deletes the directories named prefix* in the temp dir whose
 // owner process no longer exists. Directories without a readable owner PID
 // are left alone: they may belong to something else.
