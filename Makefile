@@ -54,7 +54,10 @@ test-node: deps k8s-bin node-bin
 	VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
 	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
 
-test: deps k8s-bin lint verify-generate unit kubevirt-tests test-kernel test-node
+# The tiers mostly wait (control planes, QEMU, kubelet): run them side by side.
+# --output-sync keeps each tier's output together in the log.
+test: deps k8s-bin node-bin kernel-deps
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint verify-generate unit kubevirt-tests test-kernel test-node
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo
