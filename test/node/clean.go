@@ -79,8 +79,11 @@ func Snapshot() (HostState, error) {
 }
 
 // Diff lists what after has that s has not (new mounts, cgroup
-// directories, links). Cgroups other tenants of the machine create at the
-// same time are told apart by name: only runc's and the kubelet's count.
+// directories, links) and the node could have made. Other tests run at the
+// same time (make test runs the tiers side by side), so what they make is
+// told apart: only mounts where the node mounts (/run, /var/lib, /var/log,
+// /proc/sys, the scratch directory), runc's and the kubelet's cgroups, and
+// the node's bridges and pods' veths count.
 func (s HostState) Diff(after HostState) []string {
 	var out []string
 	added := func(kind string, before, now []string, relevant func(string) bool) {
@@ -94,11 +97,26 @@ func (s HostState) Diff(after HostState) []string {
 			}
 		}
 	}
-	all := func(string) bool { return true }
-	added("mount", s.Mounts, after.Mounts, all)
+	added("mount", s.Mounts, after.Mounts, isNodeMount)
 	added("cgroup", s.CgroupDirs, after.CgroupDirs, IsNodeCgroup)
-	added("link", s.Links, after.Links, all)
+	added("link", s.Links, after.Links, isNodeLink)
 	return out
+}
+
+// isNodeMount: a mount entry ("<mount point> <root>") where the node mounts.
+func isNodeMount(m string) bool {
+	point, root, _ := strings.Cut(m, " ")
+	for _, p := range []string{"/run", "/var/lib", "/var/log", "/proc/sys"} {
+		if point == p || strings.HasPrefix(point, p+"/") {
+			return true
+		}
+	}
+	return strings.Contains(point, scratchPrefix) || strings.Contains(root, scratchPrefix)
+}
+
+// isNodeLink: the node's bridges, or a pod's veth.
+func isNodeLink(name string) bool {
+	return name == nodeBridge || name == podBridge || strings.HasPrefix(name, "veth")
 }
 
 // IsNodeCgroup reports whether a cgroup directory is one the node's

@@ -84,3 +84,22 @@ func TestSweepStale(t *testing.T) {
 		t.Errorf("unrelated process: %v", err)
 	}
 }
+
+// TestDiffCountsOnlyWhatTheNodeMakes: other tiers of make test run at the
+// same time; their mounts, cgroups and links are not the node's leftovers.
+func TestDiffCountsOnlyWhatTheNodeMakes(t *testing.T) {
+	t.Parallel()
+	before := HostState{Mounts: []string{"/ /"}, CgroupDirs: []string{"/sys/fs/cgroup/memory"}, Links: []string{"lo"}}
+	after := HostState{
+		Mounts: []string{"/ /", "/tmp/other-test /", "/run/netns/cni-1 nsfs", "/tmp/x /tmp/vfnet-node-123/run"},
+		CgroupDirs: []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory/other.slice",
+			"/sys/fs/cgroup/memory/k8s.io", "/sys/fs/cgroup/memory/k8s.io/abc"},
+		Links: []string{"lo", "dummy-other", "cni0", "veth1234"},
+	}
+	got := before.Diff(after)
+	want := []string{"mount /run/netns/cni-1 nsfs", "mount /tmp/x /tmp/vfnet-node-123/run",
+		"cgroup /sys/fs/cgroup/memory/k8s.io", "cgroup /sys/fs/cgroup/memory/k8s.io/abc", "link cni0", "link veth1234"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("diff\n got %q\nwant %q", got, want)
+	}
+}

@@ -22,8 +22,6 @@ import (
 	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
-const scratchPrefix = "vfnet-node-"
-
 // envChild carries the scratch directory to the test binary re-run inside
 // the node's namespaces.
 const envChild = "VFNET_REAL_NODE_CHILD"

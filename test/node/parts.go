@@ -42,6 +42,9 @@ const (
 	EnvNodeBin = "VFNET_NODE_BIN"
 )
 
+// scratchPrefix names the node's scratch directories (in the temp dir).
+const scratchPrefix = "vfnet-node-"
+
 // CNIDir is where Debian's containernetworking-plugins puts the plugins.
 const CNIDir = "/usr/lib/cni"
 
