@@ -1,10 +1,8 @@
 package prepare_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -14,32 +12,16 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/vfnet-io/vfnet/driver/preparetest"
+	"github.com/vfnet-io/vfnet/internal/syncbuf"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPrepareUnprepareLogged: at the default verbosity (0) each successful
 // prepare and unprepare is one line naming the claim, the VF and the
 // duration; an unprepare of a claim this driver never prepared is not.
 func TestPrepareUnprepareLogged(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	ctx := klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf), textlogger.Verbosity(0))))
 	e := preparetest.NewEnv(t, "", simhost.E810Host())
 	pod := e.AddVM(t, "ns", "vm1", "vf-claim", "02:00:00:00:00:01")

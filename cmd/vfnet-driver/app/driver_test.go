@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -20,27 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vfnet-io/vfnet/internal/syncbuf"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
-
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func freePort(t *testing.T) string {
 	t.Helper()
@@ -156,7 +138,7 @@ func TestDriverOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	healthAddr := freePort(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cmd := exec.Command(bin, "--simulate", "--kubeconfig", plane.AdminKubeconfig, "--node-name", node,
 		"--sysfs-root", root, "--config", cfg, "--rescan-interval", "2s",
 		"--registrar-dir", filepath.Join(sock, "reg"), "--plugin-dir", filepath.Join(sock, "plg"), "--cdi-root", filepath.Join(sock, "cdi"),
@@ -325,7 +307,7 @@ current-context: c
 	if err := os.Mkdir(filepath.Join(sock, "reg"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cmd := exec.Command(bin, "--simulate", "--kubeconfig", kubeconfig, "--node-name", "n", "--sysfs-root", root,
 		"--registrar-dir", filepath.Join(sock, "reg"), "--plugin-dir", filepath.Join(sock, "plg"), "--cdi-root", filepath.Join(sock, "cdi"))
 	cmd.Stdout, cmd.Stderr = &logs, &logs

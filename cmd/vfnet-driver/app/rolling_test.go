@@ -29,6 +29,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/internal/syncbuf"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
@@ -39,7 +40,7 @@ type driverProc struct {
 	name string
 	uid  string
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 	done chan error
 	dra  drapb.DRAPluginClient
 	dead atomic.Bool
@@ -78,7 +79,7 @@ type rollingNode struct {
 func (n *rollingNode) start(name, uid string) *driverProc {
 	t := n.t
 	t.Helper()
-	d := &driverProc{name: name, uid: uid, logs: &syncBuffer{}, done: make(chan error, 1)}
+	d := &driverProc{name: name, uid: uid, logs: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(n.bin, "--simulate", "--kubeconfig", n.kubeconfig, "--node-name", n.node,
 		"--sysfs-root", n.root, "--config", n.cfg, "--rescan-interval", "1s", "--pod-uid", uid,
 		"--registrar-dir", filepath.Join(n.sock, "reg"), "--plugin-dir", filepath.Join(n.sock, "plg"),
@@ -404,12 +405,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	if err := call(insts, 1, c0, false); err != nil {
 		t.Fatal(err)
 	}
-	if d := diffStates(initial, vfStates(t, h)); d != "" {
-		t.Fatalf("after prepare through A and unprepare through B:\n%s", d)
-	}
-	if got := checkpointClaims(t, cpPath); len(got) != 0 {
-		t.Fatalf("checkpoint keeps %v", got)
-	}
+	assertAllReleased(t, "after prepare through A and unprepare through B", initial, vfStates(t, h), cpPath)
 
 	// The storm: claim i is prepared through instance i%2 and unprepared
 	// through the other, all at once; A is killed once a third of the
@@ -448,12 +444,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 		t.Fatal("instance A was not killed during the storm")
 	}
 	t.Logf("A was SIGKILLed with %d kubelet calls in flight; %d calls through A failed and were retried through B", inflight.Load(), a.failed.Load())
-	if d := diffStates(initial, vfStates(t, h)); d != "" {
-		t.Fatalf("VFs not restored after the storm:\n%s", d)
-	}
-	if got := checkpointClaims(t, cpPath); len(got) != 0 {
-		t.Fatalf("checkpoint keeps %v after the storm", got)
-	}
+	assertAllReleased(t, "after the storm", initial, vfStates(t, h), cpPath)
 	// B took over the migration watcher from the dead A.
 	n.waitFor(b, "B to take over the migration lead", func() bool { return strings.Contains(b.logs.String(), leadRe) })
 
@@ -477,12 +468,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	if err := call(insts, 0, last, false); err != nil {
 		t.Fatal(err)
 	}
-	if d := diffStates(initial, vfStates(t, h)); d != "" {
-		t.Fatalf("VFs not restored at the end:\n%s", d)
-	}
-	if got := checkpointClaims(t, cpPath); len(got) != 0 {
-		t.Fatalf("checkpoint keeps %v at the end", got)
-	}
+	assertAllReleased(t, "at the end", initial, vfStates(t, h), cpPath)
 	ents, err := os.ReadDir(filepath.Join(sock, "cdi"))
 	if err != nil {
 		t.Fatal(err)
@@ -516,4 +502,16 @@ func startPlaneOrSkip(t *testing.T) *controlplane.Plane {
 		t.Skipf("control-plane binaries unavailable: %v", err)
 	}
 	return controlplane.StartForTest(t, controlplane.Options{})
+}
+
+// assertAllReleased fails t unless every VF is as it was before the test and
+// the checkpoint holds no claim.
+func assertAllReleased(t *testing.T, when string, initial, now map[string]string, cpPath string) {
+	t.Helper()
+	if d := diffStates(initial, now); d != "" {
+		t.Fatalf("%s: VFs not restored:\n%s", when, d)
+	}
+	if got := checkpointClaims(t, cpPath); len(got) != 0 {
+		t.Fatalf("%s: checkpoint keeps %v", when, got)
+	}
 }

@@ -1,0 +1,26 @@
+// Package syncbuf holds Buffer, a bytes.Buffer that one goroutine (a child
+// process's output copier, a logger) may write while a test reads it.
+package syncbuf
+
+import (
+	"bytes"
+	"sync"
+)
+
+// Buffer is safe for concurrent Write and String.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
