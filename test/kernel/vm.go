@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
@@ -162,7 +163,11 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		// Without it a loaded host can panic the guest early: "timer
 		// doesn't work through Interrupt-remapped IO-APIC".
 		"no_timer_check",
-		"panic=-1", "loglevel=4", "rdinit=/init",
+		// The boot is verbose so that a hang shows where it stopped; the
+		// init quiets the console to warnings once the machine is ready
+		// (layout.QuietConsoleLevel), before the cases print. nokaslr lets
+		// a stalled guest's vCPU addresses be read against System.map.
+		"panic=-1", "loglevel=7", "nokaslr", "rdinit=/init",
 	}
 	if len(cases) > 0 {
 		cmdline = append(cmdline, layout.CasesArg+"="+strings.Join(cases, ","))
@@ -192,25 +197,156 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	return args
 }
 
-// Run boots the guest, copies its console to console (and to log), and
-// waits for the guest to power off or ctx to end.
-func (e *Env) Run(ctx context.Context, initrd string, cases []string, userNet bool, console io.Writer) error {
-	cmd := exec.CommandContext(ctx, e.QEMU, e.QEMUArgs(initrd, cases, userNet)...)
+// BootStallError is a guest that did not get through its machine set-up
+// in time: a kernel or init that hangs says nothing on the console, so it
+// carries where the vCPUs were.
+type BootStallError struct {
+	After time.Duration
+	// Started is true when the init had begun (the kernel booted).
+	Started bool
+	// CPUs is where each vCPU was, sampled a few times (cpuSamples).
+	CPUs string
+}
+
+func (e *BootStallError) Error() string {
+	stage := "the kernel never started the init (nothing after the kernel's own messages)"
+	if e.Started {
+		stage = "the init started but its machine set-up (modules, VFs) did not finish"
+	}
+	return fmt.Sprintf("the guest stalled during boot: %s within %s; where the vCPUs were:\n%s", stage, e.After, e.CPUs)
+}
+
+// RunOptions is one boot of the guest.
+type RunOptions struct {
+	Initrd  string
+	Cases   []string
+	UserNet bool
+	// Console receives everything the guest prints.
+	Console io.Writer
+	// BootTimeout bounds the time from QEMU's start to the init's "machine
+	// ready"; 0: no bound.
+	BootTimeout time.Duration
+}
+
+// Run boots the guest, copies its console to o.Console, and waits for the
+// guest to power off or ctx to end. A boot that stalls past o.BootTimeout
+// is stopped with a *BootStallError.
+func (e *Env) Run(ctx context.Context, o RunOptions) error {
+	qmpDir, err := os.MkdirTemp("", "vfnet-qmp-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(qmpDir)
+	sock := filepath.Join(qmpDir, "qmp.sock")
+	args := append(e.QEMUArgs(o.Initrd, o.Cases, o.UserNet), "-qmp", "unix:"+sock+",server=on,wait=off")
+	runCtx, kill := context.WithCancel(ctx)
+	defer kill()
+	cmd := exec.CommandContext(runCtx, e.QEMU, args...)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+e.QEMULibPath)
-	cmd.Stdout = console
+	// A case's mark also shows the set-up ended: a kernel message written
+	// into the middle of the ready line could hide it.
+	w := newMarkWatcher(o.Console, layout.MarkInitStarted, layout.MarkInitReady, layout.MarkInitFailed, MarkCase+" ")
+	cmd.Stdout = w
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		return fmt.Errorf("the guest did not power off in time (%w); QEMU said: %s", ctx.Err(), stderr.String())
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start QEMU %s: %w", e.QEMU, err)
 	}
-	if err != nil {
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var stall *BootStallError
+	var waitErr error
+	waited := false
+	if o.BootTimeout > 0 {
+		timer := time.NewTimer(o.BootTimeout)
+		select {
+		case <-w.seen[layout.MarkInitReady]:
+		case <-w.seen[layout.MarkInitFailed]:
+		case <-w.seen[MarkCase+" "]:
+		case <-timer.C:
+			stall = &BootStallError{After: o.BootTimeout, Started: w.has(layout.MarkInitStarted), CPUs: cpuSamples(sock, e.symbols(), 5)}
+			kill()
+		case waitErr = <-exited:
+			waited = true
+		case <-ctx.Done():
+		}
+		timer.Stop()
+	}
+	if !waited {
+		waitErr = <-exited
+	}
+	err = waitErr
+	switch {
+	case stall != nil:
+		return stall
+	case ctx.Err() != nil:
+		return fmt.Errorf("the guest did not power off in time (%w); QEMU said: %s", ctx.Err(), stderr.String())
+	case err != nil:
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return fmt.Errorf("QEMU failed (%v): %s", err, stderr.String())
 		}
-		return fmt.Errorf("start QEMU %s: %w", e.QEMU, err)
+		return fmt.Errorf("QEMU %s: %w", e.QEMU, err)
 	}
 	return nil
+}
+
+// symbols loads the kernel's System.map, which the kernel package ships
+// next to its image; nil when it cannot be read (the samples are then
+// addresses only).
+func (e *Env) symbols() *symbols {
+	s, err := loadSymbols(filepath.Join(e.Dir, "linux", "boot", "System.map-"+e.KernelRelease))
+	if err != nil {
+		return nil
+	}
+	return s
+}
+
+// markWatcher passes writes through and closes a channel the first time
+// each mark appears in the stream (a mark may span writes).
+type markWatcher struct {
+	out  io.Writer
+	mu   sync.Mutex
+	tail []byte
+	max  int
+	seen map[string]chan struct{}
+}
+
+func newMarkWatcher(out io.Writer, marks ...string) *markWatcher {
+	w := &markWatcher{out: out, seen: map[string]chan struct{}{}}
+	for _, m := range marks {
+		w.seen[m] = make(chan struct{})
+		w.max = max(w.max, len(m))
+	}
+	return w
+}
+
+func (w *markWatcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	buf := append(w.tail, p...)
+	for m, ch := range w.seen {
+		select {
+		case <-ch:
+		default:
+			if bytes.Contains(buf, []byte(m)) {
+				close(ch)
+			}
+		}
+	}
+	if len(buf) > w.max {
+		buf = buf[len(buf)-w.max:]
+	}
+	w.tail = append(w.tail[:0], buf...)
+	w.mu.Unlock()
+	return w.out.Write(p)
+}
+
+func (w *markWatcher) has(mark string) bool {
+	select {
+	case <-w.seen[mark]:
+		return true
+	default:
+		return false
+	}
 }

@@ -75,16 +75,22 @@ func initMain() {
 		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 		select {}
 	}()
+	console("%s", layout.MarkInitStarted)
 	start := time.Now()
 	lay, err := machineSetup()
 	if err != nil {
-		console("vfnet init: machine setup failed: %v", err)
+		console("%s: %v", layout.MarkInitFailed, err)
 		for _, c := range selectedCases(lay) {
 			console("%s %s FAIL machine setup failed: %v", "VFNET-CASE", c, err)
 		}
 		return
 	}
-	console("vfnet init: machine ready after %s", time.Since(start).Round(time.Millisecond))
+	up, _ := os.ReadFile("/proc/uptime")
+	console("%s after %s (kernel uptime %ss)", layout.MarkInitReady, time.Since(start).Round(time.Millisecond), strings.Fields(string(up) + " ?")[0])
+	// Quiet from here: kernel messages would interleave with the cases' lines.
+	if err := os.WriteFile("/proc/sys/kernel/printk", []byte(fmt.Sprint(layout.QuietConsoleLevel)), 0); err != nil {
+		console("vfnet init: cannot set the console log level: %v", err)
+	}
 	tests := caseTests()
 	for _, c := range selectedCases(lay) {
 		runCase(c, tests[c])

@@ -24,6 +24,15 @@ const (
 	// CasesArg is the kernel command-line parameter listing the cases to
 	// run (comma-separated); without it every case runs.
 	CasesArg = "vfnet.cases"
+	// MarkInitStarted, MarkInitReady and MarkInitFailed start the init's
+	// console lines the harness watches to bound the boot.
+	MarkInitStarted = "vfnet init: started"
+	MarkInitReady   = "vfnet init: machine ready"
+	MarkInitFailed  = "vfnet init: machine setup failed"
+	// QuietConsoleLevel is the console log level the init sets once the
+	// machine is ready: the boot is verbose (a hang shows where it
+	// stopped), the cases see only the kernel's warnings and worse.
+	QuietConsoleLevel = 4
 )
 
 // Roles of the emulated PFs.

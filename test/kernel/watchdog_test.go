@@ -1,0 +1,119 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
+)
+
+func TestMarkWatcherSeesMarksSplitAcrossWrites(t *testing.T) {
+	var out bytes.Buffer
+	w := newMarkWatcher(&out, layout.MarkInitStarted, layout.MarkInitReady)
+	for _, p := range []string{"[    1.0] kernel line\nvfnet in", "it: sta", "rted\n", "vfnet init: machine"} {
+		if _, err := w.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !w.has(layout.MarkInitStarted) {
+		t.Error("a mark written in three pieces was not seen")
+	}
+	if w.has(layout.MarkInitReady) {
+		t.Error("half a mark counted as the mark")
+	}
+	w.Write([]byte(" ready after 1s\n"))
+	if !w.has(layout.MarkInitReady) {
+		t.Error("the ready mark was not seen once whole")
+	}
+	if !strings.HasSuffix(out.String(), "machine ready after 1s\n") || !strings.HasPrefix(out.String(), "[    1.0]") {
+		t.Errorf("the writes were not passed through whole: %q", out.String())
+	}
+}
+
+func TestSymbolsLookup(t *testing.T) {
+	m := filepath.Join(t.TempDir(), "System.map")
+	os.WriteFile(m, []byte(strings.Join([]string{
+		"ffffffff81000000 T _stext",
+		"ffffffff81001000 t native_safe_halt",
+		"ffffffff81000800 T do_one_initcall",
+		"ffffffff82000000 D some_data",
+	}, "\n")+"\n"), 0o644)
+	s, err := loadSymbols(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[uint64]string{
+		0xffffffff81001004: "native_safe_halt+0x4",
+		0xffffffff81000810: "do_one_initcall+0x10",
+		0xffffffff80ffffff: "",
+		0x00007f0000001000: "",
+	} {
+		if got := s.lookup(addr); got != want {
+			t.Errorf("lookup(%x) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// fakeQEMU writes an executable standing in for QEMU.
+func fakeQEMU(t *testing.T, script string) *Env {
+	t.Helper()
+	dir := t.TempDir()
+	q := filepath.Join(dir, "qemu")
+	if err := os.WriteFile(q, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Dir: dir, QEMU: q, KernelRelease: "none"}
+}
+
+func TestRunStopsAStalledBoot(t *testing.T) {
+	t.Parallel()
+	// A kernel that prints and then hangs before its init.
+	e := fakeQEMU(t, `echo "[    0.5] Linux version 6.1"; exec sleep 60`)
+	var console bytes.Buffer
+	start := time.Now()
+	err := e.Run(context.Background(), RunOptions{Console: &console, BootTimeout: 300 * time.Millisecond})
+	var stall *BootStallError
+	if !errors.As(err, &stall) {
+		t.Fatalf("Run = %v, want a BootStallError", err)
+	}
+	if stall.Started {
+		t.Error("the init never started, yet the stall says it did")
+	}
+	if !strings.Contains(err.Error(), "never started the init") || !strings.Contains(stall.CPUs, "sample 1:") {
+		t.Errorf("the error does not say where the boot stopped: %v", err)
+	}
+	if time.Since(start) > 50*time.Second {
+		t.Error("the stalled QEMU was not stopped")
+	}
+	if !strings.Contains(console.String(), "Linux version") {
+		t.Errorf("the console lost what the kernel printed: %q", console.String())
+	}
+}
+
+func TestRunLetsAReadyGuestFinish(t *testing.T) {
+	t.Parallel()
+	e := fakeQEMU(t, `echo "`+layout.MarkInitStarted+`"; sleep 0.5; echo "`+layout.MarkInitReady+` after 1s"; sleep 1; echo `+MarkDone)
+	var console bytes.Buffer
+	if err := e.Run(context.Background(), RunOptions{Console: &console, BootTimeout: 5 * time.Second}); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if !strings.Contains(console.String(), MarkDone) {
+		t.Errorf("the run ended before the guest did: %q", console.String())
+	}
+}
+
+func TestRunStallAfterInitStarted(t *testing.T) {
+	t.Parallel()
+	e := fakeQEMU(t, `echo "`+layout.MarkInitStarted+`"; exec sleep 60`)
+	err := e.Run(context.Background(), RunOptions{Console: &bytes.Buffer{}, BootTimeout: 300 * time.Millisecond})
+	var stall *BootStallError
+	if !errors.As(err, &stall) || !stall.Started || !strings.Contains(err.Error(), "machine set-up") {
+		t.Fatalf("Run = %v, want a stall after the init started", err)
+	}
+}
