@@ -51,3 +51,21 @@ func TestMissingPF(t *testing.T) {
 		t.Fatalf("bad proto: %v", err)
 	}
 }
+
+// IFLA_VF_RATE's fields are u32 and netlink casts without a check: a rate
+// that does not fit must be refused before anything is sent (on a NIC,
+// 4294967396 Mbps would become a 100 Mbps cap).
+func TestSetRateRefusesWhatTheKernelCannotHold(t *testing.T) {
+	t.Parallel()
+	l, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, r := range [][2]int{{0, 4294967396}, {4294967296, 0}, {-1, 0}, {0, -5}} {
+		err := l.SetRate("lo", 0, r[0], r[1])
+		if err == nil || !strings.Contains(err.Error(), "rates must be 0-4294967295 Mbps") || !strings.Contains(err.Error(), "set lo vf 0") {
+			t.Errorf("SetRate(lo, 0, %d, %d) = %v, want the 32-bit bound named", r[0], r[1], err)
+		}
+	}
+}
