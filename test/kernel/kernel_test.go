@@ -144,6 +144,9 @@ func TestRealKernel(t *testing.T) {
 		t.Run(c, func(t *testing.T) {
 			r, ok := parsed.Case(c)
 			switch {
+			case !ok && runErr != nil:
+				// Each case says why: CI shows the failing subtests first.
+				t.Fatalf("case %s reported nothing: %v\nlast console lines:\n%s", c, runErr, tail(console.String(), 40))
 			case !ok:
 				t.Fatalf("case %s reported nothing; last console lines:\n%s", c, tail(console.String(), 40))
 			case r.Status == "PASS":
