@@ -25,6 +25,9 @@ import (
 const (
 	envGate  = "VFNET_REAL_KERNEL"  // "1": run the tier (make test-kernel sets it)
 	envCases = "VFNET_KERNEL_CASES" // comma-separated subset of layout.AllCases
+	// envBootTimeout overrides the bound on QEMU start -> the init's
+	// machine ready (default 8m), for a slower machine.
+	envBootTimeout = "VFNET_KERNEL_BOOT_TIMEOUT"
 )
 
 func repoRoot(t *testing.T) string {
@@ -110,7 +113,15 @@ func TestRealKernel(t *testing.T) {
 	// before its init with nothing on the console) is stopped after
 	// bootTimeout, shown with where its vCPUs were, and tried once more;
 	// the whole run is bounded well inside CI's time.
-	const bootTimeout, attempts = 8 * time.Minute, 2
+	const attempts = 2
+	bootTimeout := 8 * time.Minute
+	if v := os.Getenv(envBootTimeout); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a positive duration such as 12m", envBootTimeout, v)
+		}
+		bootTimeout = d
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
 	var console bytes.Buffer

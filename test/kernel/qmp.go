@@ -2,10 +2,12 @@ package kernel
 
 import (
 	"bufio"
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -69,45 +71,72 @@ func qmpHuman(sock, command string, timeout time.Duration) (string, error) {
 	return "", nil
 }
 
-// symbols is a kernel's System.map (text symbols only), sorted by address.
+// symbols is an address -> name table of kernel text, sorted by address.
+// Debian's kernel package ships a placeholder System.map (the real one is
+// in the -dbg package) and a vmlinux without a symbol table, so the table
+// is the kernel's exported symbols, read from vmlinux's __ksymtab
+// sections: a name is then the nearest exported symbol below an address,
+// which for a static function is its neighbour (said as "near").
 type symbols struct {
 	addr []uint64
 	name []string
 }
 
-func loadSymbols(path string) (*symbols, error) {
-	f, err := os.Open(path)
+// loadKsymtab reads the exported symbols of a vmlinux ELF file. Entries
+// are prel32 (x86-64 since 4.19): {int32 value, int32 name, int32
+// namespace}, each an offset from the field's own address.
+func loadKsymtab(vmlinux string) (*symbols, error) {
+	f, err := elf.Open(vmlinux)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	s := &symbols{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) != 3 || (fl[1] != "t" && fl[1] != "T") {
-			continue
-		}
-		a, err := strconv.ParseUint(fl[0], 16, 64)
-		if err != nil {
-			continue
-		}
-		s.addr = append(s.addr, a)
-		s.name = append(s.name, fl[2])
+	strs := f.Section("__ksymtab_strings")
+	if strs == nil {
+		return nil, fmt.Errorf("%s has no __ksymtab_strings", vmlinux)
 	}
-	if err := sc.Err(); err != nil {
+	strData, err := strs.Data()
+	if err != nil {
 		return nil, err
 	}
-	idx := make([]int, len(s.addr))
-	for i := range idx {
-		idx[i] = i
+	type sym struct {
+		addr uint64
+		name string
 	}
-	sort.SliceStable(idx, func(i, j int) bool { return s.addr[idx[i]] < s.addr[idx[j]] })
-	sorted := &symbols{addr: make([]uint64, len(idx)), name: make([]string, len(idx))}
-	for i, k := range idx {
-		sorted.addr[i], sorted.name[i] = s.addr[k], s.name[k]
+	var all []sym
+	for _, name := range []string{"__ksymtab", "__ksymtab_gpl"} {
+		sec := f.Section(name)
+		if sec == nil {
+			continue
+		}
+		data, err := sec.Data()
+		if err != nil {
+			return nil, err
+		}
+		for off := 0; off+12 <= len(data); off += 12 {
+			at := sec.Addr + uint64(off)
+			val := at + uint64(int64(int32(binary.LittleEndian.Uint32(data[off:]))))
+			nameAt := at + 4 + uint64(int64(int32(binary.LittleEndian.Uint32(data[off+4:]))))
+			if nameAt < strs.Addr || nameAt >= strs.Addr+uint64(len(strData)) {
+				continue
+			}
+			n := strData[nameAt-strs.Addr:]
+			if i := bytes.IndexByte(n, 0); i >= 0 {
+				n = n[:i]
+			}
+			all = append(all, sym{val, string(n)})
+		}
 	}
-	return sorted, nil
+	if len(all) == 0 {
+		return nil, fmt.Errorf("%s: no exported symbols found", vmlinux)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].addr < all[j].addr })
+	s := &symbols{}
+	for _, x := range all {
+		s.addr = append(s.addr, x.addr)
+		s.name = append(s.name, x.name)
+	}
+	return s, nil
 }
 
 // lookup names the function holding addr ("func+0x1a"), or "" outside
@@ -118,7 +147,7 @@ func (s *symbols) lookup(addr uint64) string {
 	}
 	i := sort.Search(len(s.addr), func(i int) bool { return s.addr[i] > addr }) - 1
 	if off := addr - s.addr[i]; off < 1<<20 {
-		return fmt.Sprintf("%s+0x%x", s.name[i], off)
+		return fmt.Sprintf("near %s+0x%x", s.name[i], off)
 	}
 	return ""
 }

@@ -166,7 +166,7 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		// The boot is verbose so that a hang shows where it stopped; the
 		// init quiets the console to warnings once the machine is ready
 		// (layout.QuietConsoleLevel), before the cases print. nokaslr lets
-		// a stalled guest's vCPU addresses be read against System.map.
+		// a stalled guest's vCPU addresses be read against vmlinux's symbols.
 		"panic=-1", "loglevel=7", "nokaslr", "rdinit=/init",
 	}
 	if len(cases) > 0 {
@@ -265,7 +265,10 @@ func (e *Env) Run(ctx context.Context, o RunOptions) error {
 		case <-w.seen[layout.MarkInitFailed]:
 		case <-w.seen[MarkCase+" "]:
 		case <-timer.C:
-			stall = &BootStallError{After: o.BootTimeout, Started: w.has(layout.MarkInitStarted), CPUs: cpuSamples(sock, e.symbols(), 5)}
+			cpus := cpuSamples(sock, e.symbols(), 5)
+			// Whether the init had started is read after sampling, as
+			// the console shows it when QEMU is stopped.
+			stall = &BootStallError{After: o.BootTimeout, Started: w.has(layout.MarkInitStarted), CPUs: cpus}
 			kill()
 		case waitErr = <-exited:
 			waited = true
@@ -292,11 +295,10 @@ func (e *Env) Run(ctx context.Context, o RunOptions) error {
 	return nil
 }
 
-// symbols loads the kernel's System.map, which the kernel package ships
-// next to its image; nil when it cannot be read (the samples are then
-// addresses only).
+// symbols reads the kernel's exported symbols from vmlinux; nil when it
+// cannot (the samples are then addresses only).
 func (e *Env) symbols() *symbols {
-	s, err := loadSymbols(filepath.Join(e.Dir, "linux", "boot", "System.map-"+e.KernelRelease))
+	s, err := loadKsymtab(e.Vmlinux)
 	if err != nil {
 		return nil
 	}

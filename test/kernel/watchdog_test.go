@@ -37,20 +37,14 @@ func TestMarkWatcherSeesMarksSplitAcrossWrites(t *testing.T) {
 }
 
 func TestSymbolsLookup(t *testing.T) {
-	m := filepath.Join(t.TempDir(), "System.map")
-	os.WriteFile(m, []byte(strings.Join([]string{
-		"ffffffff81000000 T _stext",
-		"ffffffff81001000 t native_safe_halt",
-		"ffffffff81000800 T do_one_initcall",
-		"ffffffff82000000 D some_data",
-	}, "\n")+"\n"), 0o644)
-	s, err := loadSymbols(m)
-	if err != nil {
-		t.Fatal(err)
+	t.Parallel()
+	s := &symbols{
+		addr: []uint64{0xffffffff81000000, 0xffffffff81000800, 0xffffffff81001000},
+		name: []string{"_stext", "do_one_initcall", "default_idle"},
 	}
 	for addr, want := range map[uint64]string{
-		0xffffffff81001004: "native_safe_halt+0x4",
-		0xffffffff81000810: "do_one_initcall+0x10",
+		0xffffffff81001004: "near default_idle+0x4",
+		0xffffffff81000810: "near do_one_initcall+0x10",
 		0xffffffff80ffffff: "",
 		0x00007f0000001000: "",
 	} {
@@ -58,6 +52,33 @@ func TestSymbolsLookup(t *testing.T) {
 			t.Errorf("lookup(%x) = %q, want %q", addr, got, want)
 		}
 	}
+}
+
+// The exported-symbol table of the tier's kernel (when hack/kernel-deps.sh
+// has prepared it) holds well-known functions at kernel text addresses.
+func TestKsymtabOfTheTierKernel(t *testing.T) {
+	t.Parallel()
+	env, err := LoadEnv(filepath.Join(cacheDir(t, repoRoot(t)), "kernel"))
+	if err != nil {
+		t.Skipf("no prepared kernel (%v)", err)
+	}
+	s, err := loadKsymtab(env.Vmlinux)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]uint64{}
+	for i, n := range s.name {
+		found[n] = s.addr[i]
+	}
+	for _, n := range []string{"_printk", "schedule", "kmalloc_trace", "pci_enable_sriov"} {
+		a, ok := found[n]
+		if !ok || a < 0xffffffff80000000 {
+			t.Errorf("exported symbol %s: address %#x found %v", n, a, ok)
+		} else if got := s.lookup(a + 1); got != "near "+n+"+0x1" && !strings.HasSuffix(got, "+0x1") {
+			t.Errorf("lookup(%s+1) = %q", n, got)
+		}
+	}
+	t.Logf("%d exported symbols", len(s.addr))
 }
 
 // fakeQEMU writes an executable standing in for QEMU.
