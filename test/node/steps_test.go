@@ -769,7 +769,10 @@ func (e *env) testKillDuringPrepare(t *testing.T) {
 	var v vf
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, podTimeout, true, func(ctx context.Context) (bool, error) {
 		p, err := e.Kube.CoreV1().Pods("default").Get(ctx, "vf-pod-kill", metav1.GetOptions{})
-		if err != nil || len(p.Status.ResourceClaimStatuses) == 0 {
+		// The claim exists once the pod lists it, but is allocated only
+		// when the scheduler binds the pod (its PreBind writes the
+		// allocation first).
+		if err != nil || len(p.Status.ResourceClaimStatuses) == 0 || p.Spec.NodeName == "" {
 			return false, nil
 		}
 		v = e.claimVF(ctx, t, p, "vf")
