@@ -253,33 +253,11 @@ func (e *Env) Run(ctx context.Context, o RunOptions) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start QEMU %s: %w", e.QEMU, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var stall *BootStallError
-	var waitErr error
-	waited := false
-	if o.BootTimeout > 0 {
-		timer := time.NewTimer(o.BootTimeout)
-		select {
-		case <-w.seen[layout.MarkInitReady]:
-		case <-w.seen[layout.MarkInitFailed]:
-		case <-w.seen[MarkCase+" "]:
-		case <-timer.C:
-			cpus := cpuSamples(sock, e.symbols(), 5)
-			// Whether the init had started is read after sampling, as
-			// the console shows it when QEMU is stopped.
-			stall = &BootStallError{After: o.BootTimeout, Started: w.has(layout.MarkInitStarted), CPUs: cpus}
-			kill()
-		case waitErr = <-exited:
-			waited = true
-		case <-ctx.Done():
-		}
-		timer.Stop()
-	}
-	if !waited {
-		waitErr = <-exited
-	}
-	err = waitErr
+	watchdog := make(chan *BootStallError, 1)
+	go func() { watchdog <- e.watchBoot(runCtx, w, sock, o.BootTimeout, kill) }()
+	err = cmd.Wait()
+	kill() // ends a watchdog still waiting
+	stall := <-watchdog
 	switch {
 	case stall != nil:
 		return stall
@@ -291,6 +269,32 @@ func (e *Env) Run(ctx context.Context, o RunOptions) error {
 			return fmt.Errorf("QEMU failed (%v): %s", err, stderr.String())
 		}
 		return fmt.Errorf("QEMU %s: %w", e.QEMU, err)
+	}
+	return nil
+}
+
+// watchBoot waits for the init's machine set-up to end (ready, failed, or
+// a case already running); past timeout it samples the vCPUs, stops QEMU
+// with kill and returns the stall. It returns nil once ctx ends (QEMU
+// exited) or when timeout is 0 and nothing is bounded.
+func (e *Env) watchBoot(ctx context.Context, w *markWatcher, sock string, timeout time.Duration, kill func()) *BootStallError {
+	if timeout <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-w.seen[layout.MarkInitReady]:
+	case <-w.seen[layout.MarkInitFailed]:
+	case <-w.seen[MarkCase+" "]:
+	case <-ctx.Done():
+	case <-timer.C:
+		cpus := cpuSamples(sock, e.symbols(), 5)
+		// Whether the init had started is read after sampling, as the
+		// console shows it when QEMU is stopped.
+		stall := &BootStallError{After: timeout, Started: w.has(layout.MarkInitStarted), CPUs: cpus}
+		kill()
+		return stall
 	}
 	return nil
 }
