@@ -69,7 +69,6 @@ const (
 	AttrVFIndex      resourceapi.QualifiedName = "vfnet.io/vfIndex"
 	AttrVendorID     resourceapi.QualifiedName = "vfnet.io/vendorID"
 	AttrDeviceID     resourceapi.QualifiedName = "vfnet.io/deviceID"
-	AttrLinkType     resourceapi.QualifiedName = "vfnet.io/linkType"
 	// AttrPFDriver is the PF's kernel driver ("igb", "ice", "mlx5_core").
 	AttrPFDriver resourceapi.QualifiedName = "vfnet.io/pfDriver"
 	// The supports* attributes say whether the PF driver applies a VF
@@ -103,6 +102,9 @@ func SupportsOf(driver, deviceID string) Supports {
 // VFIODriver is the kernel driver a VF is bound to for passthrough.
 const VFIODriver = "vfio-pci"
 
+// maxAttributes is the most attributes a device carries (see Attributes).
+const maxAttributes = 14
+
 // Device is one VF offered to the cluster.
 type Device struct {
 	// Name is the DRA device name, vf-<domain>-<bus>-<slot>-<function>.
@@ -117,7 +119,6 @@ type Device struct {
 	// VendorID and DeviceID are the VF's own PCI IDs.
 	VendorID   string
 	DeviceID   string
-	LinkType   string
 	NUMANode   int
 	PCIeRoot   string
 	IOMMUGroup string
@@ -272,6 +273,10 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 		case pf.LinkType == sysfs.LinkTypeInfiniband:
 			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s is InfiniBand: its VFs need node and port GUIDs, which VFConfig cannot set; use the PF in Ethernet mode (mlxconfig LINK_TYPE_P1=2) or another driver for IB VFs", uplink)})
 			continue
+		case pf.LinkType != sysfs.LinkTypeEthernet:
+			// Every offered VF is Ethernet, so no device carries a link type.
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s has link type %q (class/net/%s/type), not Ethernet: vfnet sets Ethernet MACs and VLANs through the PF; use the PF in Ethernet mode or leave it out of the node configuration", uplink, pf.LinkType, uplink)})
+			continue
 		case pf.Switchdev && !cfg.PFs[sel.Selector].AllowSwitchdev:
 			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s runs its e-switch in switchdev mode (VF representors %s): VF traffic follows the representors' flows and the legacy per-VF settings (VLAN, spoof check, trust) do not apply; switch it to legacy (devlink dev eswitch set pci/%s mode legacy) or set allowSwitchdev: true on pfs[%d] in %s",
 				uplink, strings.Join(pf.Representors, ","), pf.Address, sel.Selector, cfg.Source)})
@@ -327,7 +332,6 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				Network:    sel.Network,
 				VendorID:   vf.VendorID,
 				DeviceID:   vf.DeviceID,
-				LinkType:   pf.LinkType,
 				NUMANode:   numa,
 				PCIeRoot:   root,
 				IOMMUGroup: vf.IOMMUGroup,
@@ -412,7 +416,12 @@ func pfSummary(pfs []sysfs.PF) string {
 // Attributes returns the device's ResourceSlice attributes. The same map is
 // what prepare hands to KEP-5304 device metadata.
 func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, 15)
+	// At most 14 attributes: a Go map holds 14 entries in 16 slots and
+	// doubles to 32 for the 15th, which costs the driver ~2 MiB per copy of
+	// 1024 devices (the resourceslice controller keeps two) and the API
+	// server CPU per attribute (BENCHMARKS.md). TestBuildMixedHost checks a
+	// device with every optional attribute against maxAttributes.
+	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, maxAttributes)
 	// Same name and value as deviceattribute.GetPCIBusIDAttribute (a test
 	// checks), built directly: the helper compiles a regexp on every call,
 	// which made it most of a 1024-VF rescan, and d.Address was validated by
@@ -437,9 +446,6 @@ func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAtt
 	attrs[AttrVFIndex] = resourceapi.DeviceAttribute{IntValue: &idx}
 	str(AttrVendorID, d.VendorID)
 	str(AttrDeviceID, d.DeviceID)
-	if d.LinkType != "" {
-		str(AttrLinkType, d.LinkType)
-	}
 	if d.PFDriver != "" {
 		str(AttrPFDriver, d.PFDriver)
 	}

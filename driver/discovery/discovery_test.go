@@ -129,13 +129,12 @@ func TestBuildMixedHost(t *testing.T) {
 	checkString(t, attrs, "resource.kubernetes.io/pciBusID", cx.Address)
 	checkString(t, attrs, "resource.kubernetes.io/pcieRoot", "pci0000:d7")
 	checkString(t, attrs, "vfnet.io/pfPciAddress", "0000:d8:00.0")
-	checkString(t, attrs, "vfnet.io/linkType", "ethernet")
 	checkString(t, attrs, "vfnet.io/deviceID", "101e")
 	checkString(t, attrs, "vfnet.io/vendorID", "15b3")
 	checkString(t, attrs, "vfnet.io/network", "physnet-b")
 	checkInt(t, attrs, "vfnet.io/vfIndex", 3)
-	if len(attrs) != 15 {
-		t.Errorf("ConnectX VF has %d attributes, want 15: %v", len(attrs), attrs)
+	if len(attrs) != maxAttributes {
+		t.Errorf("ConnectX VF has %d attributes, want all %d: %v", len(attrs), maxAttributes, attrs)
 	}
 }
 
@@ -396,6 +395,26 @@ func TestBuildInfinibandNotOffered(t *testing.T) {
 	}
 	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, "InfiniBand") ||
 		!strings.Contains(res.Skipped[0].Reason, "GUIDs") || !strings.Contains(res.Skipped[0].Reason, "Ethernet mode") {
+		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
+	}
+}
+
+// A PF whose netdev is neither Ethernet nor InfiniBand is not offered either,
+// so every published device is an Ethernet VF.
+func TestBuildOtherLinkTypeNotOffered(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.E810Host())
+	for i := range pfs {
+		if pfs[i].NetDev == "enp59s0f0" {
+			pfs[i].LinkType = sysfs.LinkTypeFromARPHRD(24) // ARPHRD_IEEE1394
+		}
+	}
+	res, err := Build(pfs, config(t, "pfs:\n- pfName: enp59s0f0\n  network: a\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Devices) != 0 || len(res.Skipped) != 1 || !strings.Contains(res.Skipped[0].Reason, `link type "arphrd 24"`) ||
+		!strings.Contains(res.Skipped[0].Reason, "class/net/enp59s0f0/type") {
 		t.Fatalf("devices %s, skipped:\n%s", names(res.Devices), reasons(res.Skipped))
 	}
 }

@@ -757,8 +757,9 @@ const (
 	LinkTypeInfiniband = "infiniband"
 )
 
-// LinkTypeFromARPHRD maps a netdev's type (ARPHRD_*) to a link type name,
-// "" for types other than Ethernet (1) and InfiniBand (32).
+// LinkTypeFromARPHRD maps a netdev's type (ARPHRD_*) to a link type name:
+// "ethernet" (1), "infiniband" (32), else "arphrd <n>" so that a refusal can
+// name what the kernel reported.
 func LinkTypeFromARPHRD(t int) string {
 	switch t {
 	case 1:
@@ -766,7 +767,7 @@ func LinkTypeFromARPHRD(t int) string {
 	case 32:
 		return LinkTypeInfiniband
 	}
-	return ""
+	return "arphrd " + strconv.Itoa(t)
 }
 
 // readAttr reads a small sysfs attribute and trims the trailing newline.

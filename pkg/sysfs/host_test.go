@@ -571,6 +571,27 @@ func TestDiscoverSwitchdevUplink(t *testing.T) {
 }
 
 // UplinkOf follows a rename of the PF netdev.
+// A netdev type other than Ethernet or InfiniBand is reported by number, so
+// discovery's refusal can say what the kernel showed.
+func TestDiscoverOtherLinkType(t *testing.T) {
+	t.Parallel()
+	h := build(t, simhost.E810Host())
+	if err := os.WriteFile(filepath.Join(h.Root(), "class/net/enp59s0f0/type"), []byte("24\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pfs, err := h.Sysfs().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, pf := range pfs {
+		got[pf.NetDev] = pf.LinkType
+	}
+	if got["enp59s0f0"] != "arphrd 24" || got["enp59s0f1"] != sysfs.LinkTypeEthernet {
+		t.Fatalf("link types %v, want enp59s0f0 \"arphrd 24\" and enp59s0f1 ethernet", got)
+	}
+}
+
 func TestUplinkOfAfterRename(t *testing.T) {
 	t.Parallel()
 	h := build(t, simhost.E810Host())

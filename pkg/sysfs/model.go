@@ -47,8 +47,8 @@ type PF struct {
 	// is steered through the representors and the legacy per-VF knobs
 	// (VLAN, spoof check, trust) do not apply.
 	Switchdev bool
-	// LinkType is "ethernet" or "infiniband" (from class/net/<if>/type of
-	// the uplink), "" without a netdev.
+	// LinkType is "ethernet", "infiniband" or "arphrd <n>" (from
+	// class/net/<if>/type of the uplink), "" without a netdev.
 	LinkType string
 	// OperState is the PF netdev's operstate ("up", "down", ...), "" without a netdev.
 	OperState string

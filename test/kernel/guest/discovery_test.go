@@ -141,7 +141,6 @@ func TestDiscoveryAndInspect(t *testing.T) {
 				discovery.AttrVFIndex:                           fmt.Sprint(vf.Index),
 				discovery.AttrVendorID:                          intelVendor,
 				discovery.AttrDeviceID:                          dev82576VF,
-				discovery.AttrLinkType:                          "ethernet",
 			}
 			if lp.NUMANode >= 0 {
 				want[name][deviceattribute.StandardDeviceAttributeNUMANode] = fmt.Sprint(lp.NUMANode)
