@@ -8,7 +8,7 @@ export VFNET_CACHE := $(CACHE)
 # cache cannot see, so a cached pass could hide a broken binary.
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 
-.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale clean
+.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-binding clean
 
 all: build
 
@@ -69,8 +69,22 @@ generate:
 verify-generate:
 	hack/generate.sh --check
 
-bench:
+bench: bench-binding
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# vfnet-binding against KubeVirt v1.9.0's passt sidecar, three runs (both
+# built as shipped: static, grpcnotrace; needs root for the passt sidecar's
+# private mount namespace), then the in-process OnDefineDomain benchmark with
+# CPU and allocation profiles for `go tool pprof` under $(CACHE)/profiles.
+bench-binding:
+	cd test/kubevirt && for run in 1 2 3; do \
+	  echo "== bindingbench run $$run"; \
+	  GONOSUMDB=libvirt.org/go/libvirt $(GO) run ./cmd/bindingbench -cgo 0 -tags grpcnotrace || exit 1; \
+	done
+	mkdir -p $(CACHE)/profiles
+	$(GO) test -run '^$$' -bench 'OnDefineDomain8VFsOverSocket$$' -benchmem -o $(CACHE)/profiles/sidecar-server.test \
+	  -cpuprofile $(CACHE)/profiles/sidecar-cpu.pprof -memprofile $(CACHE)/profiles/sidecar-mem.pprof ./sidecar/server
+	@echo "profiles: go tool pprof -top $(CACHE)/profiles/sidecar-server.test $(CACHE)/profiles/sidecar-cpu.pprof (or sidecar-mem.pprof)"
 
 # Only the many-node benchmark (100 nodes x 256 VFs, 500 pods; a few minutes).
 bench-scale: k8s-bin

@@ -138,14 +138,26 @@ func TestMetrics(t *testing.T) {
 	if err := n.Host.SetOperState("enp59s0f0", "down"); err != nil {
 		t.Fatal(err)
 	}
+	// The PF's VFs are republished with the NoSchedule taint, the prepared
+	// one too (NoSchedule leaves its VM running).
+	pfDevices := must(start.Value("vfnet_driver_published_devices_total", map[string]string{"network": "physnet-a", "pf": "0000:3b:00.0"}))
 	until("PF link down", func(f scrape.Families) error {
-		return eq(f, "vfnet_driver_pf_health", map[string]string{"pf": "0000:3b:00.0", "state": "link-down"}, 1)
+		if err := eq(f, "vfnet_driver_pf_health", map[string]string{"pf": "0000:3b:00.0", "state": "link-down"}, 1); err != nil {
+			return err
+		}
+		return eq(f, "vfnet_driver_tainted_devices", map[string]string{"pf": "0000:3b:00.0"}, pfDevices)
 	})
 	if err := n.Host.SetOperState("enp59s0f0", "up"); err != nil {
 		t.Fatal(err)
 	}
 	until("PF link back up", func(f scrape.Families) error {
-		return eq(f, "vfnet_driver_pf_health", map[string]string{"pf": "0000:3b:00.0", "state": "healthy"}, 1)
+		if err := eq(f, "vfnet_driver_pf_health", map[string]string{"pf": "0000:3b:00.0", "state": "healthy"}, 1); err != nil {
+			return err
+		}
+		if got := f.Sum("vfnet_driver_tainted_devices", nil); got != 0 {
+			return fmt.Errorf("%v devices still tainted", got)
+		}
+		return nil
 	})
 
 	// The VM goes away.

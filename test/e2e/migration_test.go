@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
@@ -78,6 +80,7 @@ func TestLiveMigration(t *testing.T) {
 		latencies = append(latencies, d)
 	}
 	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
+	checkAttachMetrics(ctx, t, nodes)
 	checkNotMigratableWarning(ctx, t, env)
 	checkMACWarning(ctx, t, env, nodes)
 	for name, n := range nodes {
@@ -441,4 +444,37 @@ func checkMACWarning(ctx context.Context, t *testing.T, env *flow.Env, nodes map
 		t.Fatal(err)
 	}
 	waitEvent(ctx, t, env, vm.VMI, prepare.ReasonMACNotMigratable, `interface "net1"`)
+}
+
+// checkAttachMetrics scrapes both drivers' /metrics: the completed migration
+// was one successful attach on its target, the failed one one successful
+// re-attach on its source, and nothing failed. It polls briefly: a driver
+// records the attach just after the domain shows the VF.
+func checkAttachMetrics(ctx context.Context, t *testing.T, nodes map[string]*flow.Node) {
+	t.Helper()
+	const name = "vfnet_driver_migration_attach_duration_seconds" // a histogram: Sum counts samples
+	want := map[[2]string]float64{{"target", "success"}: 1, {"source", "success"}: 1, {"target", "error"}: 0, {"source", "error"}: 0}
+	var why error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		got := map[[2]string]float64{}
+		for _, node := range nodes {
+			f, err := scrape.Get(ctx, http.DefaultClient, node.MetricsURL())
+			if err != nil {
+				return false, err
+			}
+			for k := range want {
+				got[k] += f.Sum(name, map[string]string{"side": k[0], "result": k[1]})
+			}
+		}
+		why = nil
+		for k, w := range want {
+			if got[k] != w {
+				why = fmt.Errorf("%s{side=%q,result=%q} summed over both drivers = %v, want %v", name, k[0], k[1], got[k], w)
+			}
+		}
+		return why == nil, nil
+	})
+	if err != nil {
+		t.Errorf("attach metrics: %v (%v)", why, err)
+	}
 }
