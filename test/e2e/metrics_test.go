@@ -187,6 +187,39 @@ func TestMetrics(t *testing.T) {
 	if got := end.Sum("vfnet_driver_prepare_errors_total", nil) + end.Sum("vfnet_driver_unprepare_errors_total", nil); got != 0 {
 		t.Errorf("%v prepare/unprepare errors in a clean flow", got)
 	}
+
+	// A claim guarantees more than the E810 port's 25 Gb/s: ice refuses the
+	// minimum rate (EINVAL, ice_set_vf_bw), prepare rolls back, and the
+	// failure is counted under the step that failed, as the kubelet retries.
+	bad, err := env.CreateVM(ctx, flow.VMSpec{Name: "vm-too-fast", DeviceClass: "vfnet-physnet-a", MAC: "02:00:00:00:0d:02", VLAN: 100,
+		Settings: map[string]any{"minTxRateMbps": 30000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.WaitScheduled(ctx, bad, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	failed := until("a counted prepare failure", func(f scrape.Families) error {
+		if v, _ := f.Value("vfnet_driver_prepare_errors_total", map[string]string{"step": "link"}); v < 1 {
+			return fmt.Errorf("prepare_errors_total{step=link} = %v, want >= 1", v)
+		}
+		return nil
+	})
+	if got := failed.Sum("vfnet_driver_prepare_errors_total", nil) - failed.Sum("vfnet_driver_prepare_errors_total", map[string]string{"step": "link"}); got != 0 {
+		t.Errorf("%v prepare errors under other steps than link", got)
+	}
+	if v, _ := failed.Value("vfnet_driver_prepare_duration_seconds_count", map[string]string{"result": "error"}); v < 1 {
+		t.Errorf("prepare_duration_seconds_count{result=error} = %v, want >= 1", v)
+	}
+	if v, _ := failed.Value("vfnet_driver_dra_plugin_requests_total", map[string]string{"method": "PrepareResourceClaims", "status": "failed"}); v < 1 {
+		t.Errorf("dra_plugin_requests_total{PrepareResourceClaims,failed} = %v, want >= 1", v)
+	}
+	if got := failed.Sum("vfnet_driver_prepared_devices", nil); got != 0 {
+		t.Errorf("%v devices prepared after a failed prepare: it did not roll back", got)
+	}
+	if err := env.DeleteVM(ctx, bad, "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func must(v float64, _ bool) float64 { return v }

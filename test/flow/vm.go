@@ -36,6 +36,9 @@ type VMSpec struct {
 	VLAN        int
 	// Interface is the VMI interface (and network) name; default "net1".
 	Interface string
+	// Settings are further VFConfig fields of the claim, by JSON name
+	// (e.g. "maxTxRateMbps": 1000).
+	Settings map[string]any
 }
 
 // VM is what KubeVirt would have created for one VM: the VMI, the
@@ -72,7 +75,11 @@ func (s *VMSpec) defaults() {
 func (e *Env) CreateVM(ctx context.Context, s VMSpec) (*VM, error) {
 	s.defaults()
 	vm := &VM{Spec: s}
-	params, err := json.Marshal(map[string]any{"apiVersion": vfnetv1alpha1.APIVersion, "kind": vfnetv1alpha1.Kind, "vlan": s.VLAN})
+	cfg := map[string]any{"apiVersion": vfnetv1alpha1.APIVersion, "kind": vfnetv1alpha1.Kind, "vlan": s.VLAN}
+	for k, v := range s.Settings {
+		cfg[k] = v
+	}
+	params, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
 	}
