@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -76,9 +77,7 @@ func (e *Env) CreateVM(ctx context.Context, s VMSpec) (*VM, error) {
 	s.defaults()
 	vm := &VM{Spec: s}
 	cfg := map[string]any{"apiVersion": vfnetv1alpha1.APIVersion, "kind": vfnetv1alpha1.Kind, "vlan": s.VLAN}
-	for k, v := range s.Settings {
-		cfg[k] = v
-	}
+	maps.Copy(cfg, s.Settings)
 	params, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
@@ -120,26 +120,18 @@ func memoryBreakdown(t *testing.T, pid int, metricsURL string) string {
 			fmt.Fprintf(&b, " [%s] %.1f MiB", n, float64(rss[n])/1024)
 		}
 	}
-	resp, err := http.Get(metricsURL)
+	f, err := scrape.Get(t.Context(), http.DefaultClient, metricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
 	b.WriteString("; Go runtime:")
-	for _, line := range strings.Split(string(body), "\n") {
-		for _, m := range []string{"go_memstats_heap_alloc_bytes", "go_memstats_heap_inuse_bytes", "go_memstats_heap_idle_bytes",
-			"go_memstats_heap_released_bytes", "go_memstats_stack_inuse_bytes", "go_memstats_sys_bytes", "go_memstats_other_sys_bytes",
-			"go_memstats_gc_sys_bytes", "go_memstats_mspan_inuse_bytes", "go_goroutines"} {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == m {
-				v, _ := strconv.ParseFloat(f[1], 64)
-				if strings.HasSuffix(m, "_bytes") {
-					fmt.Fprintf(&b, " %s %.1f MiB", strings.TrimSuffix(strings.TrimPrefix(m, "go_memstats_"), "_bytes"), v/(1<<20))
-				} else {
-					fmt.Fprintf(&b, " %s %.0f", m, v)
-				}
-			}
+	for _, m := range []string{"heap_alloc", "heap_inuse", "heap_idle", "heap_released", "stack_inuse", "sys", "other_sys", "gc_sys", "mspan_inuse"} {
+		if v, ok := f.Value("go_memstats_"+m+"_bytes", nil); ok {
+			fmt.Fprintf(&b, " %s %.1f MiB", m, v/(1<<20))
 		}
+	}
+	if v, ok := f.Value("go_goroutines", nil); ok {
+		fmt.Fprintf(&b, " goroutines %.0f", v)
 	}
 	return b.String()
 }
