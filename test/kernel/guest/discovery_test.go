@@ -141,6 +141,8 @@ func TestDiscoveryAndInspect(t *testing.T) {
 				discovery.AttrVFIndex:                           fmt.Sprint(vf.Index),
 				discovery.AttrVendorID:                          intelVendor,
 				discovery.AttrDeviceID:                          dev82576VF,
+				// Every offered VF is Ethernet: no link-type attribute.
+				"vfnet.io/linkType": absent,
 			}
 			if lp.NUMANode >= 0 {
 				want[name][deviceattribute.StandardDeviceAttributeNUMANode] = fmt.Sprint(lp.NUMANode)
