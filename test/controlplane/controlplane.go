@@ -40,6 +40,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
@@ -203,11 +204,8 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	// The serving cert is self-signed and written at startup: wait for it,
 	// then trust exactly it.
 	certFile := filepath.Join(certDir, "apiserver.crt")
-	if err := p.waitFile(ctx, "kube-apiserver", certFile); err != nil {
+	if p.caData, err = p.waitServingCert(ctx, "kube-apiserver", certFile); err != nil {
 		return nil, err
-	}
-	if p.caData, err = os.ReadFile(certFile); err != nil {
-		return nil, fmt.Errorf("read apiserver serving cert: %w", err)
 	}
 	if err := p.waitHTTP(ctx, "kube-apiserver", p.URL+"/readyz", p.AdminRESTConfig()); err != nil {
 		return nil, err
@@ -433,20 +431,51 @@ func (p *Plane) exited(name string) error {
 	return nil
 }
 
-func (p *Plane) waitFile(ctx context.Context, name, path string) error {
+// waitServingCert waits until path holds the server's whole self-signed
+// chain and returns it. The API server writes the file with os.WriteFile
+// (create, truncate, then write), so the file exists, empty, before its
+// content does; trusting what a read returns at that moment leaves the
+// client with no CA and every later TLS handshake fails with "certificate
+// signed by unknown authority". The chain is complete once it parses and
+// holds the CA that signed the leaf.
+func (p *Plane) waitServingCert(ctx context.Context, name, path string) ([]byte, error) {
+	last := "not written yet"
 	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
+		data, err := os.ReadFile(path)
+		if err == nil {
+			if err = completeChain(data); err == nil {
+				return data, nil
+			}
+			last = err.Error()
 		}
 		if err := p.exited(name); err != nil {
-			return err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for %s to write %s: %w\n%s", name, path, ctx.Err(), tail(filepath.Join(p.Dir, name+".log"), 3000))
+			return nil, fmt.Errorf("wait for %s to write its serving cert %s: %w (last: %s)\n%s", name, path, ctx.Err(), last, tail(filepath.Join(p.Dir, name+".log"), 3000))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// completeChain reports why data is not yet a PEM chain whose first
+// certificate verifies against a CA certificate in it.
+func completeChain(data []byte) error {
+	certs, err := certutil.ParseCertsPEM(data)
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	for _, c := range certs {
+		if c.IsCA {
+			roots.AddCert(c)
+		}
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots}); err != nil {
+		return fmt.Errorf("serving cert does not verify against the CA in the file yet: %w", err)
+	}
+	return nil
 }
 
 // waitHTTP polls url until it answers 200. cfg (may be nil for plain http)
