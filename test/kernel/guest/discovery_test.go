@@ -61,8 +61,10 @@ func TestDiscoveryAndInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every SR-IOV function of the guest is readable through sysfs: a skip
+	// here means the reader misreads a real kernel's layout.
 	for _, s := range rep.Skipped {
-		t.Logf("sysfs skipped %s: %s", s.Path, s.Reason)
+		t.Errorf("sysfs skipped %s: %s", s.Path, s.Reason)
 	}
 	byAddr := map[string]sysfs.PF{}
 	for _, p := range rep.PFs {
@@ -154,6 +156,22 @@ func TestDiscoveryAndInspect(t *testing.T) {
 		got[d.Name] = attrStrings(d.Attributes())
 	}
 	compareDevices(t, "discovery.Build", got, want)
+	// The shared-group PF's VFs, and nothing else, are skipped, for their group.
+	shared, _ := m.lay.PF(layout.RoleSharedGroup)
+	wantSkipped := map[string]string{} // VF address: its IOMMU group
+	for _, vf := range byAddr[shared.Address].VFs {
+		wantSkipped[vf.Address] = vf.IOMMUGroup
+	}
+	for _, sk := range res.Skipped {
+		group, ok := wantSkipped[sk.Address]
+		if !ok || !strings.Contains(sk.Reason, "IOMMU group "+group+" ") {
+			t.Errorf("discovery.Build skipped %s: %s; want only the VFs of %s, for their shared IOMMU group", sk.Address, sk.Reason, shared.Address)
+		}
+		delete(wantSkipped, sk.Address)
+	}
+	for a := range wantSkipped {
+		t.Errorf("discovery.Build offers or ignores %s, which shares an IOMMU group; want it skipped", a)
+	}
 
 	// The real binary, as an admin runs it on a node.
 	cmd := exec.Command(layout.Driver, "inspect", "--sysfs-root", "/sys", "--config", cfgPath, "--node-name", nodeName,
@@ -178,7 +196,6 @@ func TestDiscoveryAndInspect(t *testing.T) {
 		}
 	}
 	compareDevices(t, "vfnet-driver inspect", got, want)
-	shared, _ := m.lay.PF(layout.RoleSharedGroup)
 	for _, vf := range byAddr[shared.Address].VFs {
 		if !strings.Contains(stderr.String(), "# not offered: "+vf.Address+": IOMMU group") {
 			t.Errorf("inspect does not say why %s (shared IOMMU group) is not offered", vf.Address)
