@@ -44,6 +44,7 @@ func caseTests() map[string]string {
 		"crash":       "TestConcurrentAndKilled",
 		"sharedgroup": "TestSharedIOMMUGroup",
 		"trace":       "TestKernelTrace",
+		"recreate":    "TestRecreatedVFs",
 	}
 }
 
