@@ -68,6 +68,10 @@ type Options struct {
 	// HandleSignals makes the plane stop itself on SIGINT/SIGTERM and then
 	// re-raise the signal, so an interrupted run leaves nothing behind.
 	HandleSignals bool
+
+	// pickPorts chooses the components' ports (nil: freePorts); a test
+	// replaces it to hand out a taken port.
+	pickPorts func(n int) ([]int, error)
 }
 
 // Plane is a running control plane.
@@ -107,9 +111,13 @@ const dirPrefix = "vfnet-cp-"
 // kube-scheduler and waits until all report ready. On any failure everything
 // already started is stopped before the error returns; the error carries the
 // tail of the failing component's log.
-func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
+//
+// A port is free when it is picked and taken by its component seconds
+// later; another plane of a parallel test may take it meanwhile. A
+// component that exits because its port is in use makes Start try again
+// with new ports, up to portAttempts times.
+func Start(ctx context.Context, opts Options) (*Plane, error) {
 	logger := klog.FromContext(ctx)
-	begin := time.Now()
 	if opts.StartTimeout == 0 {
 		opts.StartTimeout = 90 * time.Second
 	}
@@ -122,6 +130,27 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	} else if err := checkBinaries(opts.BinDir); err != nil {
 		return nil, err
 	}
+	if opts.pickPorts == nil {
+		opts.pickPorts = freePorts
+	}
+	for attempt := 1; ; attempt++ {
+		p, err := start(ctx, opts)
+		if err == nil || !errors.Is(err, errPortInUse) || attempt == portAttempts {
+			return p, err
+		}
+		logger.Info("A control-plane port was taken before its component bound it, starting again with new ports", "attempt", attempt, "err", err)
+	}
+}
+
+// portAttempts bounds Start's tries when a port is taken under it.
+const portAttempts = 3
+
+// errPortInUse marks a component that exited because its port was taken.
+var errPortInUse = errors.New("port already in use")
+
+func start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
+	logger := klog.FromContext(ctx)
+	begin := time.Now()
 	dir, err := ownerdir.Make(logger, dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create control-plane temp dir: %w", err)
@@ -141,7 +170,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 
-	ports, err := freePorts(5)
+	ports, err := opts.pickPorts(5)
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +282,14 @@ func Start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	}
 	if err := p.waitHTTP(ctx, "kube-controller-manager", fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort), insecure); err != nil {
 		return nil, err
+	}
+	// A component whose port was taken by another plane's exits at once,
+	// while the other's answer may have passed its readiness check: by now
+	// its exit shows.
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if err := p.exited(name); err != nil {
+			return nil, err
+		}
 	}
 	p.StartDuration = time.Since(begin)
 	logger.Info("Control plane ready", "url", p.URL, "dir", dir, "startDuration", p.StartDuration)
@@ -424,7 +461,11 @@ func (p *Plane) exited(name string) error {
 		}
 		select {
 		case <-pr.done:
-			return fmt.Errorf("%s exited: %v\n--- last lines of %s ---\n%s", name, pr.err, pr.log, tail(pr.log, 3000))
+			last := tail(pr.log, 3000)
+			if strings.Contains(last, "address already in use") {
+				return fmt.Errorf("%s exited: %v: %w\n--- last lines of %s ---\n%s", name, pr.err, errPortInUse, pr.log, last)
+			}
+			return fmt.Errorf("%s exited: %v\n--- last lines of %s ---\n%s", name, pr.err, pr.log, last)
 		default:
 		}
 	}

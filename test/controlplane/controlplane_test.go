@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -193,3 +195,54 @@ func waitFor(ctx context.Context, t *testing.T, what string, f func() error) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestStartRetriesTakenPort: a port taken between its pick and its
+// component's bind (another parallel plane) makes Start pick new ports and
+// try again, whichever component lost it.
+func TestStartRetriesTakenPort(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	takenPort := taken.Addr().(*net.TCPAddr).Port
+	var picks [][]int
+	pick := func(n int) ([]int, error) {
+		ports, err := freePorts(n)
+		if err != nil {
+			return nil, err
+		}
+		switch len(picks) {
+		case 0:
+			ports[0] = takenPort // etcd's client port
+		case 1:
+			ports[3] = takenPort // kube-scheduler's
+		}
+		picks = append(picks, ports)
+		return ports, nil
+	}
+	p, err := Start(ctx, Options{pickPorts: pick})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer func() {
+		if err := p.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if len(picks) != 3 {
+		t.Fatalf("Start picked ports %d times (%v), want 3: etcd's taken, then the scheduler's, then none", len(picks), picks)
+	}
+	if want := fmt.Sprintf("https://127.0.0.1:%d", picks[2][2]); p.URL != want {
+		t.Errorf("plane URL %s, want the last attempt's %s", p.URL, want)
+	}
+	cs, err := kubernetes.NewForConfig(p.AdminRESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("the plane started on the third try does not answer: %v", err)
+	}
+}
