@@ -286,8 +286,8 @@ func start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	// A component whose port was taken by another plane's exits at once,
 	// while the other's answer may have passed its readiness check: by now
 	// its exit shows.
-	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		if err := p.exited(name); err != nil {
+	for _, pr := range p.procs {
+		if err := p.exited(pr.name); err != nil {
 			return nil, err
 		}
 	}

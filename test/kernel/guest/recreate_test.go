@@ -84,13 +84,13 @@ func TestRecreatedVFs(t *testing.T) {
 	wantKept := vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0x0a, 0x0b, 0x1c}, VLAN: 210, SpoofChk: beforeKept.Link.SpoofChk, Trust: true}
 	m.checkPrepared(t, pf, kept, wantKept)
 	m.checkPrepared(t, pf, gone, vflink.VFState{MAC: net.HardwareAddr{2, 0, 0, 0x0a, 0x0b, 0x1d}, VLAN: 211, SpoofChk: beforeGone.Link.SpoofChk, Trust: beforeGone.Link.Trust})
-	groupsBefore := map[string]string{kept.Address: group(t, m, kept), gone.Address: group(t, m, gone)}
+	groupsBefore := map[string]string{kept.Address: m.group(t, kept), gone.Address: m.group(t, gone)}
 
 	recreateVFs(t, pf, pf.NumVFs)
 	// What the kernel gives back: igbvf, no override, no PF-side settings.
 	for _, vf := range []sysfs.VF{kept, gone} {
 		st := m.vfState(t, pf, vf)
-		t.Logf("re-created VF %s: %s (IOMMU group %s, was %s)", vf.Address, st, group(t, m, vf), groupsBefore[vf.Address])
+		t.Logf("re-created VF %s: %s (IOMMU group %s, was %s)", vf.Address, st, m.group(t, vf), groupsBefore[vf.Address])
 		if st.Driver != "igbvf" || st.Override != "" || st.Link.VLAN != 0 || st.Link.Trust {
 			t.Errorf("re-created VF %s: %s; want igbvf, no override, VLAN 0, trust off", vf.Address, st)
 		}
@@ -119,7 +119,7 @@ func TestRecreatedVFs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CDI spec of %s after the repeated prepare: %v", cKept.Name, err)
 	}
-	if node := "/dev/vfio/" + group(t, m, kept); !strings.Contains(string(spec), `"`+node+`"`) {
+	if node := "/dev/vfio/" + m.group(t, kept); !strings.Contains(string(spec), `"`+node+`"`) {
 		t.Errorf("CDI spec %s does not name %s, the re-created VF's group node:\n%s", specPath, node, spec)
 	}
 
@@ -140,7 +140,8 @@ func TestRecreatedVFs(t *testing.T) {
 	}
 }
 
-func group(t *testing.T, m *machine, vf sysfs.VF) string {
+// group is vf's IOMMU group as sysfs reads it now.
+func (m *machine) group(t *testing.T, vf sysfs.VF) string {
 	t.Helper()
 	fn, err := m.sysfs.Function(vf.Address)
 	if err != nil {
