@@ -9,17 +9,20 @@
 // last_published_time_seconds.
 //
 // Device counts and PF health are read from the driver's state at scrape
-// time (a collector, not gauges kept in sync), so they are never stale.
+// time (a collector, not gauges kept in sync), so they are never stale: the
+// claim counts are the checkpoint file as it is at that moment.
 package metrics
 
 import (
 	"cmp"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	k8smetrics "k8s.io/component-base/metrics"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 )
@@ -41,10 +44,26 @@ const (
 	MethodUnprepare = "UnprepareResourceClaims"
 )
 
-// PreparedDevice is one VF held by a prepared (or preparing) claim.
-type PreparedDevice struct {
+// ClaimDevice is one VF held by a claim in the checkpoint.
+type ClaimDevice struct {
 	// Device is the DRA device name; PFAddress the parent PF's BDF.
 	Device, PFAddress string
+	// Phase is the claim's: only PhasePrepared counts as prepared; the
+	// others are a prepare or unprepare under way, or one interrupted
+	// (the kubelet retries it, or a rollback failed).
+	Phase checkpoint.Phase
+}
+
+// ClaimDevices lists every device of the checkpoint's claims with its
+// claim's phase.
+func ClaimDevices(cp *checkpoint.File) []ClaimDevice {
+	var out []ClaimDevice
+	for _, c := range cp.Claims {
+		for _, d := range c.Devices {
+			out = append(out, ClaimDevice{Device: d.Device, PFAddress: d.PFAddress, Phase: c.Phase})
+		}
+	}
+	return out
 }
 
 // State gives the collector the driver's current state; each function may
@@ -52,8 +71,9 @@ type PreparedDevice struct {
 type State struct {
 	// Published returns the devices in the ResourceSlices.
 	Published func() []discovery.Device
-	// Prepared returns the devices prepared for claims.
-	Prepared func() []PreparedDevice
+	// Claimed returns the devices of the claims in the checkpoint, in any
+	// phase.
+	Claimed func() []ClaimDevice
 	// PFs returns the health of the PFs whose VFs are offered.
 	PFs func() []health.PFHealth
 	// Tainted returns the number of published devices carrying the
@@ -211,7 +231,7 @@ type stateCollector struct {
 	k8smetrics.BaseStableCollector
 	state State
 
-	published, prepared, pfHealth, tainted *k8smetrics.Desc
+	published, prepared, pending, pfHealth, tainted *k8smetrics.Desc
 }
 
 func newStateCollector(state State) *stateCollector {
@@ -221,7 +241,8 @@ func newStateCollector(state State) *stateCollector {
 	return &stateCollector{
 		state:     state,
 		published: desc("published_devices_total", "VFs in the driver's ResourceSlices, by network and PF (PCI address).", "network", "pf"),
-		prepared:  desc("prepared_devices", "VFs prepared for claims, by network and PF (PCI address).", "network", "pf"),
+		prepared:  desc("prepared_devices", "VFs prepared for claims (the claim's prepare finished), by network and PF (PCI address).", "network", "pf"),
+		pending:   desc("pending_devices", "VFs of claims whose prepare or unprepare is under way or was interrupted, by network, PF (PCI address) and phase (preparing, unpreparing); one that stays is a claim the kubelet keeps retrying or a rollback that failed (see the driver log).", "network", "pf", "phase"),
 		pfHealth:  desc("pf_health", "1 for the current health state of each PF whose VFs are offered (healthy, link-down, gone), 0 for the others.", "pf", "pf_name", "network", "state"),
 		tainted:   desc("tainted_devices", "Published VFs carrying the vfnet.io/pf-unhealthy NoSchedule taint, by PF (PCI address).", "pf"),
 	}
@@ -230,11 +251,17 @@ func newStateCollector(state State) *stateCollector {
 func (c *stateCollector) DescribeWithStability(ch chan<- *k8smetrics.Desc) {
 	ch <- c.published
 	ch <- c.prepared
+	ch <- c.pending
 	ch <- c.pfHealth
 	ch <- c.tainted
 }
 
 type netPF struct{ network, pf string }
+
+type netPhase struct {
+	netPF
+	phase string
+}
 
 func (c *stateCollector) CollectWithStability(ch chan<- k8smetrics.Metric) {
 	var published []discovery.Device
@@ -250,13 +277,22 @@ func (c *stateCollector) CollectWithStability(ch chan<- k8smetrics.Metric) {
 	for k, n := range counts {
 		ch <- k8smetrics.NewLazyConstMetric(c.published, k8smetrics.GaugeValue, float64(n), k.network, k.pf)
 	}
-	if c.state.Prepared != nil {
-		counts := map[netPF]int{}
-		for _, d := range c.state.Prepared() {
-			counts[netPF{network[d.Device], d.PFAddress}]++
+	if c.state.Claimed != nil {
+		prepared := map[netPF]int{}
+		pending := map[netPhase]int{}
+		for _, d := range c.state.Claimed() {
+			k := netPF{network[d.Device], d.PFAddress}
+			if d.Phase == checkpoint.PhasePrepared {
+				prepared[k]++
+			} else {
+				pending[netPhase{k, strings.ToLower(string(d.Phase))}]++
+			}
 		}
-		for k, n := range counts {
+		for k, n := range prepared {
 			ch <- k8smetrics.NewLazyConstMetric(c.prepared, k8smetrics.GaugeValue, float64(n), k.network, k.pf)
+		}
+		for k, n := range pending {
+			ch <- k8smetrics.NewLazyConstMetric(c.pending, k8smetrics.GaugeValue, float64(n), k.network, k.pf, k.phase)
 		}
 	}
 	if c.state.PFs != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/metrics"
@@ -22,8 +23,14 @@ func TestServedMetrics(t *testing.T) {
 	}
 	m := metrics.New(metrics.State{
 		Published: func() []discovery.Device { return published },
-		Prepared: func() []metrics.PreparedDevice {
-			return []metrics.PreparedDevice{{Device: "vf-0000-3b-02-1", PFAddress: "0000:3b:00.0"}}
+		// One claim prepared, one being prepared, one being unprepared:
+		// only the first counts as prepared.
+		Claimed: func() []metrics.ClaimDevice {
+			return []metrics.ClaimDevice{
+				{Device: "vf-0000-3b-02-1", PFAddress: "0000:3b:00.0", Phase: checkpoint.PhasePrepared},
+				{Device: "vf-0000-3b-02-0", PFAddress: "0000:3b:00.0", Phase: checkpoint.PhasePreparing},
+				{Device: "vf-0000-5e-02-0", PFAddress: "0000:5e:00.0", Phase: checkpoint.PhaseUnpreparing},
+			}
 		},
 		PFs: func() []health.PFHealth {
 			return []health.PFHealth{
@@ -71,6 +78,8 @@ func TestServedMetrics(t *testing.T) {
 		{"vfnet_driver_published_devices_total", map[string]string{"network": "physnet-a", "pf": "0000:3b:00.0"}, 2},
 		{"vfnet_driver_published_devices_total", map[string]string{"network": "physnet-b", "pf": "0000:5e:00.0"}, 1},
 		{"vfnet_driver_prepared_devices", map[string]string{"network": "physnet-a", "pf": "0000:3b:00.0"}, 1},
+		{"vfnet_driver_pending_devices", map[string]string{"network": "physnet-a", "pf": "0000:3b:00.0", "phase": "preparing"}, 1},
+		{"vfnet_driver_pending_devices", map[string]string{"network": "physnet-b", "pf": "0000:5e:00.0", "phase": "unpreparing"}, 1},
 		{"vfnet_driver_pf_health", map[string]string{"pf": "0000:5e:00.0", "state": "link-down", "pf_name": "enp94s0f0"}, 1},
 		{"vfnet_driver_pf_health", map[string]string{"pf": "0000:5e:00.0", "state": "healthy"}, 0},
 		{"vfnet_driver_pf_health", map[string]string{"pf": "0000:3b:00.0", "state": "healthy"}, 1},
@@ -83,6 +92,12 @@ func TestServedMetrics(t *testing.T) {
 	}
 	if v, ok := got.Value("vfnet_driver_prepare_duration_seconds_sum", map[string]string{"result": "success"}); !ok || v != 0.02 {
 		t.Errorf("prepare duration sum %v, want 0.02", v)
+	}
+	if v := got.Sum("vfnet_driver_prepared_devices", nil); v != 1 {
+		t.Errorf("prepared_devices sums to %v, want 1: only a claim whose prepare finished counts", v)
+	}
+	if v := got.Sum("vfnet_driver_pending_devices", nil); v != 2 {
+		t.Errorf("pending_devices sums to %v, want 2", v)
 	}
 	if v, ok := got.Value("process_resident_memory_bytes", nil); !ok || v <= 0 {
 		t.Errorf("process_resident_memory_bytes %v (found %v)", v, ok)

@@ -208,17 +208,26 @@ func (e *env) testInstall(t *testing.T) {
 	}
 
 	// Without KubeVirt's CRDs, the driver's VMI watch says so once and then
-	// backs off quietly (one line, not one per retry).
-	log := e.driverLog(ctx, t)
+	// backs off quietly (one line, not one per retry). The watch starts
+	// beside the health server, so its first check may end after the pod is
+	// Ready and the slices are there, and containerd copies the output to
+	// the log file on its own: wait for the line, then check it is alone.
+	var log string
 	var vmiLines []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, "VirtualMachineInstance") && strings.Contains(l, "nextCheckIn") {
-			vmiLines = append(vmiLines, l)
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		log = e.driverLog(ctx, t)
+		vmiLines = vmiLines[:0]
+		for _, l := range strings.Split(log, "\n") {
+			if strings.Contains(l, "VirtualMachineInstance") && strings.Contains(l, "nextCheckIn") {
+				vmiLines = append(vmiLines, l)
+			}
 		}
+		return len(vmiLines) > 0, nil
+	})
+	if err != nil || len(vmiLines) != 1 {
+		t.Errorf("want exactly one line about the missing VirtualMachineInstance API, got %d (%v):\n%s\nlog:\n%s", len(vmiLines), err, strings.Join(vmiLines, "\n"), log)
 	}
-	if len(vmiLines) != 1 {
-		t.Errorf("want exactly one line about the missing VirtualMachineInstance API, got %d:\n%s\nlog:\n%s", len(vmiLines), strings.Join(vmiLines, "\n"), log)
-	}
+	// Logged at start, before that line, to the same stream.
 	if !strings.Contains(log, "SIMULATED HOST") {
 		t.Errorf("driver log lacks the simulated-host warning:\n%s", log)
 	}
@@ -738,9 +747,15 @@ func (e *env) testRolloutRestart(t *testing.T) {
 
 	e.deletePod(ctx, t, "default", "vf-pod-rollout")
 	e.checkRestored(ctx, t, v)
-	log := PodLog(cur, "driver")
-	if !strings.Contains(log, "Unprepared claim") || !strings.Contains(log, v.claim.Name) {
-		t.Errorf("the new driver pod %s did not unprepare %s:\n%s", cur.Name, v.claim.Name, log)
+	// The driver logs the unprepare before it answers the kubelet, but
+	// containerd copies its output to the log file on its own: wait for it.
+	var log string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		log = PodLog(cur, "driver")
+		return strings.Contains(log, "Unprepared claim") && strings.Contains(log, v.claim.Name), nil
+	})
+	if err != nil {
+		t.Errorf("the new driver pod %s did not unprepare %s: %v\n%s", cur.Name, v.claim.Name, err, log)
 	}
 	regs, _ := filepath.Glob(filepath.Join(registryDir, "*"))
 	socks, _ := filepath.Glob(filepath.Join(pluginDir, "*.sock"))
@@ -803,9 +818,28 @@ func (e *env) testKillDuringPrepare(t *testing.T) {
 		t.Fatalf("%v\nevents:\n%s\ndriver:\n%s", err, e.Events(ctx, "default", "vf-pod-kill"), e.driverLog(ctx, t))
 	}
 	t.Logf("pod Ready %s after the kill", time.Since(killed).Round(100*time.Millisecond))
-	after := e.driverPod(ctx, t)
-	if after.UID != before.UID || after.Status.ContainerStatuses[0].RestartCount <= restarts {
-		t.Errorf("driver container was not restarted in place: pod %s restarts %d -> %d", after.Name, restarts, after.Status.ContainerStatuses[0].RestartCount)
+	// The kubelet posts the driver pod's status (restart count, Ready) on
+	// its own schedule, not necessarily before the VF pod's: wait for the
+	// restarted container there. A driver pod of another UID is final.
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, podTimeout, true, func(ctx context.Context) (bool, error) {
+		pods, err := e.driverPods(ctx)
+		if err != nil {
+			return false, err
+		}
+		if len(pods) != 1 {
+			last = fmt.Sprintf("%d driver pods", len(pods))
+			return false, nil
+		}
+		after := &pods[0]
+		last = after.Name + ": " + DescribePod(after)
+		if after.UID != before.UID {
+			return false, fmt.Errorf("driver pod %s replaced by %s", before.Name, after.Name)
+		}
+		return PodReady(after) && len(after.Status.ContainerStatuses) > 0 && after.Status.ContainerStatuses[0].RestartCount > restarts, nil
+	})
+	if err != nil {
+		t.Errorf("driver container was not restarted in place (restarts %d before the kill): %v; last seen %s", restarts, err, last)
 	}
 	group := e.checkPrepared(t, v, "")
 	e.checkContainerSees(ctx, t, pod, "c", "vf", v, group)

@@ -427,16 +427,8 @@ func run(ctx context.Context, f driverFlags) error {
 			}
 			return nil
 		},
-		Prepared: func() []metrics.PreparedDevice {
-			var out []metrics.PreparedDevice
-			for _, c := range state.Snapshot().Claims {
-				for _, d := range c.Devices {
-					out = append(out, metrics.PreparedDevice{Device: d.Device, PFAddress: d.PFAddress})
-				}
-			}
-			return out
-		},
-		PFs: monitor.PFs,
+		Claimed: func() []metrics.ClaimDevice { return metrics.ClaimDevices(state.Snapshot()) },
+		PFs:     monitor.PFs,
 		Tainted: func() map[string]int {
 			if l := published.Load(); l != nil {
 				return l.Tainted()
