@@ -2,8 +2,10 @@
 // (test/controlplane): many simulated nodes publish their VFs through the
 // driver's own publishing path, then the real kube-scheduler places pods
 // that each claim a VF from a ResourceClaimTemplate, and, in the same run,
-// the same pods without a claim, so the cost of vfnet's claims is a ratio
-// that does not depend on how loaded the machine is.
+// the same pods without a claim and the same pods each claiming one device
+// of Kubernetes' own DRA benchmark shape (upstream.go), so the cost of
+// vfnet's claims is a ratio that does not depend on how loaded the machine
+// is, against both no claims and the claims Kubernetes measures itself.
 //
 // Each simulated node runs what vfnet-driver runs to publish: the rescan
 // loop (driver/slices) discovering a simulated host (pkg/simhost) with the
@@ -49,6 +51,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -74,6 +77,67 @@ const (
 	Network = "physnet-a"
 )
 
+// Kind is what each pod of a phase asks for.
+type Kind int
+
+const (
+	// Plain pods have no claim.
+	Plain Kind = iota
+	// VFNet pods each have a claim from ClaimTemplate: one physnet-a VF.
+	VFNet
+	// Upstream pods each have a claim from UpstreamTemplate: one device of
+	// Kubernetes' own DRA benchmark shape (upstream.go).
+	Upstream
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Plain:
+		return "plain"
+	case VFNet:
+		return "vfnet"
+	case Upstream:
+		return "upstream-shape"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Namespace holds the kind's pods (and its template).
+func (k Kind) Namespace() string {
+	switch k {
+	case VFNet:
+		return ClaimNamespace
+	case Upstream:
+		return UpstreamNamespace
+	}
+	return PlainNamespace
+}
+
+func (k Kind) podPrefix() string {
+	switch k {
+	case VFNet:
+		return "vm-"
+	case Upstream:
+		return "up-"
+	}
+	return "plain-"
+}
+
+// claimName is the pod's name for its claim (PodResourceClaim.Name).
+func (k Kind) claimName() string {
+	if k == Upstream {
+		return "device"
+	}
+	return "vf"
+}
+
+func (k Kind) driver() string {
+	if k == Upstream {
+		return UpstreamDriver
+	}
+	return flow.DriverName
+}
+
 // Options size a run. Zero fields take the defaults noted.
 type Options struct {
 	// Nodes is the number of simulated nodes (default 3).
@@ -84,6 +148,21 @@ type Options struct {
 	VFsPerPF int
 	// Pods is the number of pods per phase (default 10).
 	Pods int
+	// Rounds of claim phases (default 1). A round schedules Pods pods with
+	// vfnet claims and Pods pods with upstream-shape claims; odd rounds run
+	// vfnet first, even rounds the upstream shape first, so with 2 rounds
+	// (vfnet, upstream, upstream, vfnet) neither shape always runs on the
+	// fresher or the more used cluster.
+	Rounds int
+	// UpstreamShape picks the revision of the upstream device template
+	// (default UpstreamShapeV137).
+	UpstreamShape UpstreamShape
+	// ProfileDir, if set, receives a CPU profile of kube-scheduler (and of
+	// kube-apiserver when it serves /debug/pprof) for each claim phase,
+	// ProfileSeconds long (default 5) from the phase's start; the run waits
+	// for it before cleaning up, so the profile holds nothing else.
+	ProfileDir     string
+	ProfileSeconds int
 	// CreateWorkers create pods concurrently (default 32), with a client
 	// without rate limit, so creating pods is never what is measured.
 	CreateWorkers int
@@ -109,6 +188,15 @@ func (o *Options) defaults() {
 	if o.Pods == 0 {
 		o.Pods = 10
 	}
+	if o.Rounds == 0 {
+		o.Rounds = 1
+	}
+	if o.UpstreamShape == "" {
+		o.UpstreamShape = UpstreamShapeV137
+	}
+	if o.ProfileSeconds == 0 {
+		o.ProfileSeconds = 5
+	}
 	if o.CreateWorkers == 0 {
 		o.CreateWorkers = 32
 	}
@@ -129,14 +217,25 @@ type Result struct {
 	// PublishCPU is the CPU time each component spent while publishing
 	// ("vfnet" is this process: discovery, the helpers, the harness).
 	PublishCPU map[string]time.Duration
-	// WithClaims and WithoutClaims are the two scheduling phases.
-	WithClaims, WithoutClaims Phase
+	// UpstreamPublish is how long the admin client took, the first time,
+	// to create the upstream shape's slices until the API server served
+	// them all (one create per node, as scheduler_perf does; not comparable
+	// with Publish).
+	UpstreamPublish time.Duration
+	// WithoutClaims is the phase of plain pods; WithClaims (vfnet) and
+	// Upstream add up the rounds of their kind.
+	WithClaims, WithoutClaims, Upstream Phase
+	// Phases are all phases in the order they ran.
+	Phases []Phase
 }
 
 // Phase is one batch of pods, created while kube-scheduler and
 // kube-controller-manager were paused; Duration runs from resuming them
 // until the last pod is bound.
 type Phase struct {
+	Kind Kind
+	// Round is the claim round (0 for the plain phase and for sums).
+	Round    int
 	Pods     int
 	Duration time.Duration
 	// Created is how long creating the pods took (not part of Duration:
@@ -144,6 +243,27 @@ type Phase struct {
 	Created time.Duration
 	// CPU is the CPU time each component spent during the phase.
 	CPU map[string]time.Duration
+	// Attempts counts kube-scheduler's scheduling attempts during the
+	// phase by result (scheduler_schedule_attempts_total): "unschedulable"
+	// ones are pods tried before their claim existed, and retried.
+	Attempts map[string]float64
+}
+
+// add sums two phases of the same kind (durations, pods, CPU, attempts).
+func (p Phase) add(q Phase) Phase {
+	sum := Phase{Kind: p.Kind, Pods: p.Pods + q.Pods, Duration: p.Duration + q.Duration, Created: p.Created + q.Created,
+		CPU: map[string]time.Duration{}, Attempts: map[string]float64{}}
+	for _, m := range []map[string]time.Duration{p.CPU, q.CPU} {
+		for k, v := range m {
+			sum.CPU[k] += v
+		}
+	}
+	for _, m := range []map[string]float64{p.Attempts, q.Attempts} {
+		for k, v := range m {
+			sum.Attempts[k] += v
+		}
+	}
+	return sum
 }
 
 // PodsPerSecond is the phase's scheduling throughput.
@@ -154,12 +274,22 @@ func (p Phase) PodsPerSecond() float64 {
 	return float64(p.Pods) / p.Duration.Seconds()
 }
 
-// Ratio is pods/s with claims over pods/s without, from the same run.
-func (r Result) Ratio() float64 {
-	if r.WithoutClaims.PodsPerSecond() == 0 {
+// Ratio is pods/s with vfnet claims over pods/s without, from the same run.
+func (r Result) Ratio() float64 { return ratio(r.WithClaims, r.WithoutClaims) }
+
+// UpstreamRatio is pods/s with vfnet claims over pods/s with claims of the
+// upstream shape, from the same run.
+func (r Result) UpstreamRatio() float64 { return ratio(r.WithClaims, r.Upstream) }
+
+// UpstreamPlainRatio is pods/s with upstream-shape claims over pods/s
+// without claims: what Kubernetes' own claims cost on this machine.
+func (r Result) UpstreamPlainRatio() float64 { return ratio(r.Upstream, r.WithoutClaims) }
+
+func ratio(a, b Phase) float64 {
+	if b.PodsPerSecond() == 0 {
 		return 0
 	}
-	return r.WithClaims.PodsPerSecond() / r.WithoutClaims.PodsPerSecond()
+	return a.PodsPerSecond() / b.PodsPerSecond()
 }
 
 // Host is the simulated hardware of every node.
@@ -205,6 +335,14 @@ type Cluster struct {
 	devices int // VFs the node configuration offers per node
 	// stopPlugins ends every node's plugin context.
 	stopPlugins context.CancelFunc
+	// watch follows every ResourceSlice from the first Publish on.
+	watch *sliceWatch
+	// published says whose slices are in the cluster now (see Only).
+	published map[Kind]bool
+	// round is the claim round running (names profiles).
+	round int
+	// upstreamPublish is the first publish of the upstream shape.
+	upstreamPublish time.Duration
 }
 
 type node struct {
@@ -212,6 +350,29 @@ type node struct {
 	dir    string
 	client kubernetes.Interface
 	plugin *plugin.Plugin
+	// last is what the node's loop last handed its plugin, to publish it
+	// again after the upstream phase.
+	last recorder
+}
+
+// recorder is the loop's Publisher: it keeps what it forwards.
+type recorder struct {
+	mu     sync.Mutex
+	plugin *plugin.Plugin
+	res    resourceslice.DriverResources
+}
+
+func (r *recorder) PublishResources(ctx context.Context, res resourceslice.DriverResources) error {
+	r.mu.Lock()
+	r.res = res
+	r.mu.Unlock()
+	return r.plugin.PublishResources(ctx, res)
+}
+
+func (r *recorder) resources() resourceslice.DriverResources {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.res
 }
 
 // Setup installs vfnet (kubectl apply -k manifests/, the example
@@ -225,7 +386,14 @@ func Setup(ctx context.Context, plane *controlplane.Plane, opts Options) (_ *Clu
 		return nil, fmt.Errorf("scale options: %d pods with a %s claim need as many %s VFs, but %d nodes x %d VFs on the %s PF offer %d: raise Nodes or VFsPerPF, or lower Pods",
 			opts.Pods, ClaimTemplate, Network, opts.Nodes, opts.VFsPerPF, Network, opts.Nodes*opts.VFsPerPF)
 	}
-	c := &Cluster{opts: opts, plane: plane}
+	if opts.Pods > opts.Nodes*UpstreamDevicesPerNode {
+		return nil, fmt.Errorf("scale options: %d pods with an upstream-shape claim need as many devices, but %d nodes x %d offer %d: raise Nodes or lower Pods",
+			opts.Pods, opts.Nodes, UpstreamDevicesPerNode, opts.Nodes*UpstreamDevicesPerNode)
+	}
+	if opts.UpstreamShape != UpstreamShapeV137 && opts.UpstreamShape != UpstreamShapeEarlier {
+		return nil, fmt.Errorf("scale options: upstream shape %q, want %q or %q", opts.UpstreamShape, UpstreamShapeV137, UpstreamShapeEarlier)
+	}
+	c := &Cluster{opts: opts, plane: plane, published: map[Kind]bool{}}
 	defer func() {
 		if retErr != nil {
 			c.Close()
@@ -258,8 +426,17 @@ func Setup(ctx context.Context, plane *controlplane.Plane, opts Options) (_ *Clu
 	if _, err := env.ApplyFile(ctx, filepath.Join(env.Repo, "manifests", "examples", "resourceclaimtemplate.yaml")); err != nil {
 		return nil, err
 	}
-	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PlainNamespace}}, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create namespace %s: %w", PlainNamespace, err)
+	for _, ns := range []string{PlainNamespace, UpstreamNamespace} {
+		if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	c.say("creating the upstream shape's DeviceClass %s and ResourceClaimTemplate %s/%s", UpstreamClass, UpstreamNamespace, UpstreamTemplate)
+	if _, err := c.admin.ResourceV1().DeviceClasses().Create(ctx, UpstreamDeviceClass(), metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create DeviceClass %s: %w", UpstreamClass, err)
+	}
+	if _, err := c.admin.ResourceV1().ResourceClaimTemplates(UpstreamNamespace).Create(ctx, UpstreamClaimTemplate(), metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", UpstreamNamespace, UpstreamTemplate, err)
 	}
 	cm, err := c.admin.CoreV1().ConfigMaps(flow.Namespace).Get(ctx, "vfnet-node-config", metav1.GetOptions{})
 	if err != nil {
@@ -350,16 +527,20 @@ func (c *Cluster) addNode(ctx context.Context, name string) (*node, error) {
 func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 	logger := klog.FromContext(ctx)
 	r.Nodes = len(c.nodes)
-	watch, err := c.watchSlices(ctx, len(c.nodes), c.devices)
-	if err != nil {
-		return err
+	if c.watch == nil {
+		w, err := c.watchSlices(ctx)
+		if err != nil {
+			return err
+		}
+		c.watch = w
 	}
-	defer watch.stop()
-
+	var err error
 	if r.APIServerRSSBefore, err = c.rss("kube-apiserver"); err != nil {
 		return err
 	}
 	c.say("publishing: %d nodes x %d VFs", len(c.nodes), c.devices)
+	// Waiting starts before publishing: the first complete state ends it.
+	served := c.watch.waiter(flow.DriverName, c.allServed(c.devices))
 	cpu0 := c.cpu()
 	start := time.Now()
 	// The plugins live until Close, not just while they are being started.
@@ -382,9 +563,9 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 		if err != nil {
 			return fmt.Errorf("node %s: %w", n.name, err)
 		}
-		n.plugin = p
+		n.plugin, n.last.plugin = p, p
 		loop := slices.NewLoop(slices.LoopOptions{
-			NodeName: n.name, Discoverer: readHost(c.pfs), Publisher: p,
+			NodeName: n.name, Discoverer: readHost(c.pfs), Publisher: &n.last,
 			LoadConfig: func() (*nodeconfig.Config, error) { return c.cfg, nil },
 		})
 		if _, err := loop.Scan(nctx); err != nil {
@@ -395,23 +576,127 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case <-watch.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(c.opts.Timeout):
-		return fmt.Errorf("after %v the API server serves %d complete pools' slices with %d of %d devices: publishing is stuck or far too slow",
-			c.opts.Timeout, watch.slices.Load(), watch.devices.Load(), int64(len(c.nodes)*c.devices))
+	got, err := c.watch.wait(ctx, served, c.opts.Timeout)
+	if err != nil {
+		return fmt.Errorf("%w: the API server serves %d complete pools' slices with %d of %d devices: publishing is stuck or far too slow",
+			err, got.Slices, got.Devices, len(c.nodes)*c.devices)
 	}
 	r.Publish = time.Since(start)
 	r.PublishCPU = c.cpuSince(cpu0)
-	r.Devices, r.Slices = int(watch.devices.Load()), int(watch.slices.Load())
+	r.Devices, r.Slices = got.Devices, got.Slices
 	if r.APIServerRSS, err = c.rss("kube-apiserver"); err != nil {
 		return err
 	}
+	c.published[VFNet] = true
 	c.say("published %d devices in %d slices in %v; kube-apiserver RSS %d MiB",
 		r.Devices, r.Slices, r.Publish.Round(time.Millisecond), r.APIServerRSS>>20)
 	return nil
+}
+
+// allServed is the condition "every node's pool is complete, with perNode
+// devices each, and no other slice of the driver is left".
+func (c *Cluster) allServed(perNode int) func(poolCount) bool {
+	return func(p poolCount) bool {
+		return p.Complete == len(c.nodes) && p.Pools == len(c.nodes) && p.Devices == len(c.nodes)*perNode && p.All == p.Slices
+	}
+}
+
+func withdrawn(p poolCount) bool { return p.All == 0 }
+
+// Only makes k's slices the only DRA slices in the cluster, withdrawing
+// the other shape's first (Plain needs none and changes nothing).
+//
+// Each claim phase runs with only its own shape's slices present, not with
+// both: in Kubernetes 1.37 the scheduler's DynamicResources plugin builds
+// each pod's allocator from every ResourceSlice (no filter by driver), its
+// Filter converts every slice of the node being tried (GatherPools) and
+// walks their devices through the class's CEL selector until one matches.
+// With both shapes present each phase would pay for the other's devices
+// (the upstream phase for 256 vfnet VFs a node next to its own 10), which
+// hides the very difference being measured. Kubernetes' own benchmark has
+// only its own slices, and a vfnet cluster measured before had only
+// vfnet's. vfnet's slices are withdrawn and restored through each node's
+// own plugin (an empty, then the recorded, DriverResources), the upstream
+// shape's are created and deleted by the admin client.
+func (c *Cluster) Only(ctx context.Context, k Kind) error {
+	if k == Plain {
+		return nil
+	}
+	other := VFNet
+	if k == VFNet {
+		other = Upstream
+	}
+	if c.published[other] {
+		if err := c.withdraw(ctx, other); err != nil {
+			return err
+		}
+	}
+	if !c.published[k] {
+		if _, err := c.publish(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) withdraw(ctx context.Context, k Kind) error {
+	start := time.Now()
+	done := c.watch.waiter(k.driver(), withdrawn)
+	switch k {
+	case VFNet:
+		err := c.parallel(ctx, 16, len(c.nodes), func(ctx context.Context, i int) error {
+			return c.nodes[i].plugin.PublishResources(ctx, resourceslice.DriverResources{})
+		})
+		if err != nil {
+			return fmt.Errorf("withdraw vfnet's slices: %w", err)
+		}
+	case Upstream:
+		err := c.fast.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: "spec.driver=" + UpstreamDriver})
+		if err != nil {
+			return fmt.Errorf("delete the upstream shape's slices: %w", err)
+		}
+	}
+	if got, err := c.watch.wait(ctx, done, c.opts.Timeout); err != nil {
+		return fmt.Errorf("withdraw %s's slices: %w; %d left", k, err, got.All)
+	}
+	c.published[k] = false
+	c.say("withdrew %s's slices in %v", k, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// publish puts k's slices back (vfnet: every node's recorded resources
+// through its own plugin) or creates them (upstream shape: one slice per
+// node, by the admin client), and waits until all are served.
+func (c *Cluster) publish(ctx context.Context, k Kind) (time.Duration, error) {
+	perNode := c.devices
+	if k == Upstream {
+		perNode = UpstreamDevicesPerNode
+	}
+	done := c.watch.waiter(k.driver(), c.allServed(perNode))
+	start := time.Now()
+	err := c.parallel(ctx, 16, len(c.nodes), func(ctx context.Context, i int) error {
+		n := c.nodes[i]
+		if k == VFNet {
+			return n.plugin.PublishResources(ctx, n.last.resources())
+		}
+		_, err := c.fast.ResourceV1().ResourceSlices().Create(ctx, UpstreamSlice(n.name, c.opts.UpstreamShape), metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("publish %s's slices: %w", k, err)
+	}
+	got, err := c.watch.wait(ctx, done, c.opts.Timeout)
+	if err != nil {
+		return 0, fmt.Errorf("publish %s's slices: %w; %d complete pools with %d devices served", k, err, got.Complete, got.Devices)
+	}
+	d := time.Since(start)
+	c.published[k] = true
+	if k == Upstream && c.upstreamPublish == 0 {
+		c.upstreamPublish = d
+	}
+	c.say("published %s's %d devices in %d slices in %v", k, got.Devices, got.Slices, d.Round(time.Millisecond))
+	return d, nil
 }
 
 // readHost is a Discoverer answering with the model read at Setup.
@@ -419,74 +704,45 @@ type readHost []sysfs.PF
 
 func (h readHost) Discover(context.Context) ([]sysfs.PF, error) { return h, nil }
 
-type sliceWatch struct {
-	done    chan struct{}
-	stop    func()
-	slices  atomic.Int64
-	devices atomic.Int64
+// poolCount is what the API server serves of one driver's slices.
+type poolCount struct {
+	// Pools is the number of pools, Complete of those with all slices of
+	// their newest generation; Slices and Devices count complete pools'.
+	Pools, Complete, Slices, Devices int
+	// All is every slice of the driver, older generations included.
+	All int
 }
 
-// watchSlices closes done once every one of nodes pools is complete (all
-// its slices of one generation present) with perNode devices in total.
-func (c *Cluster) watchSlices(ctx context.Context, nodes, perNode int) (*sliceWatch, error) {
-	w := &sliceWatch{done: make(chan struct{})}
+// sliceWatch follows every ResourceSlice and wakes waiters whose condition
+// on their driver's slices holds.
+type sliceWatch struct {
+	mu      sync.Mutex
+	byName  map[string]*resourceapi.ResourceSlice
+	waiters []*sliceWaiter
+	stop    func()
+}
+
+type sliceWaiter struct {
+	driver string
+	cond   func(poolCount) bool
+	done   chan struct{}
+	last   poolCount // under sliceWatch.mu
+}
+
+func (c *Cluster) watchSlices(ctx context.Context) (*sliceWatch, error) {
+	w := &sliceWatch{byName: map[string]*resourceapi.ResourceSlice{}}
 	factory := informers.NewSharedInformerFactory(c.admin, 0)
 	inf := factory.Resource().V1().ResourceSlices().Informer()
-	var mu sync.Mutex
-	byName := map[string]*resourceapi.ResourceSlice{}
-	var closed bool
-	update := func() {
-		type pool struct {
-			gen            int64
-			count, devices int
-			slices         int
-		}
-		pools := map[string]*pool{}
-		var devs, sls int
-		for _, s := range byName {
-			if s.Spec.Driver != flow.DriverName {
-				continue
-			}
-			p := pools[s.Spec.Pool.Name]
-			if p == nil || s.Spec.Pool.Generation > p.gen {
-				p = &pool{gen: s.Spec.Pool.Generation, count: int(s.Spec.Pool.ResourceSliceCount)}
-				pools[s.Spec.Pool.Name] = p
-			} else if s.Spec.Pool.Generation < p.gen {
-				continue
-			}
-			p.slices++
-			p.devices += len(s.Spec.Devices)
-		}
-		complete := 0
-		for _, p := range pools {
-			if p.slices == p.count {
-				complete++
-				devs += p.devices
-				sls += p.slices
-			}
-		}
-		w.slices.Store(int64(sls))
-		w.devices.Store(int64(devs))
-		if !closed && complete == nodes && devs == nodes*perNode {
-			closed = true
-			close(w.done)
-		}
+	set := func(obj any) {
+		s := obj.(*resourceapi.ResourceSlice)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.byName[s.Name] = s
+		w.changedLocked()
 	}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			s := obj.(*resourceapi.ResourceSlice)
-			mu.Lock()
-			defer mu.Unlock()
-			byName[s.Name] = s
-			update()
-		},
-		UpdateFunc: func(_, obj any) {
-			s := obj.(*resourceapi.ResourceSlice)
-			mu.Lock()
-			defer mu.Unlock()
-			byName[s.Name] = s
-			update()
-		},
+		AddFunc:    set,
+		UpdateFunc: func(_, obj any) { set(obj) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
@@ -495,34 +751,116 @@ func (c *Cluster) watchSlices(ctx context.Context, nodes, perNode int) (*sliceWa
 			if !ok {
 				return
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			delete(byName, s.Name)
-			update()
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			delete(w.byName, s.Name)
+			w.changedLocked()
 		},
 	})
 	if err != nil {
 		return nil, err
 	}
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	factory.Start(wctx.Done())
 	w.stop = func() { cancel(); factory.Shutdown() }
-	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		w.stop()
 		return nil, errors.New("ResourceSlice informer did not sync")
 	}
 	return w, nil
 }
 
-// Schedule creates opts.Pods identical pods at once (in ClaimNamespace,
-// each with a claim from ClaimTemplate, when withClaims; else in
-// PlainNamespace without) and waits until the scheduler bound all of them.
-func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) {
-	ns, prefix := PlainNamespace, "plain-"
-	if withClaims {
-		ns, prefix = ClaimNamespace, "vm-"
+func (w *sliceWatch) countLocked(driver string) poolCount {
+	type pool struct {
+		gen                   int64
+		want, slices, devices int
 	}
-	ph := Phase{Pods: c.opts.Pods}
+	pools := map[string]*pool{}
+	var pc poolCount
+	for _, s := range w.byName {
+		if s.Spec.Driver != driver {
+			continue
+		}
+		pc.All++
+		p := pools[s.Spec.Pool.Name]
+		if p == nil || s.Spec.Pool.Generation > p.gen {
+			p = &pool{gen: s.Spec.Pool.Generation, want: int(s.Spec.Pool.ResourceSliceCount)}
+			pools[s.Spec.Pool.Name] = p
+		} else if s.Spec.Pool.Generation < p.gen {
+			continue
+		}
+		p.slices++
+		p.devices += len(s.Spec.Devices)
+	}
+	pc.Pools = len(pools)
+	for _, p := range pools {
+		if p.slices == p.want {
+			pc.Complete++
+			pc.Slices += p.slices
+			pc.Devices += p.devices
+		}
+	}
+	return pc
+}
+
+func (w *sliceWatch) changedLocked() {
+	kept := w.waiters[:0]
+	for _, wt := range w.waiters {
+		wt.last = w.countLocked(wt.driver)
+		if wt.cond(wt.last) {
+			close(wt.done)
+			continue
+		}
+		kept = append(kept, wt)
+	}
+	w.waiters = kept
+}
+
+// waiter registers cond on driver's slices; wait then blocks until it holds
+// (it may already hold now).
+func (w *sliceWatch) waiter(driver string, cond func(poolCount) bool) *sliceWaiter {
+	wt := &sliceWaiter{driver: driver, cond: cond, done: make(chan struct{})}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiters = append(w.waiters, wt)
+	w.changedLocked()
+	return wt
+}
+
+// wait returns the count that satisfied wt, or the last one seen and an
+// error after timeout.
+func (w *sliceWatch) wait(ctx context.Context, wt *sliceWaiter, timeout time.Duration) (poolCount, error) {
+	var err error
+	select {
+	case <-wt.done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-time.After(timeout):
+		err = fmt.Errorf("not done after %v", timeout)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.waiters = slicesDelete(w.waiters, wt)
+	}
+	return wt.last, err
+}
+
+func slicesDelete(ws []*sliceWaiter, wt *sliceWaiter) []*sliceWaiter {
+	out := ws[:0]
+	for _, x := range ws {
+		if x != wt {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// Schedule creates opts.Pods identical pods of kind k at once (in
+// k.Namespace()) and waits until the scheduler bound all of them.
+func (c *Cluster) Schedule(ctx context.Context, k Kind) (Phase, error) {
+	ns, prefix := k.Namespace(), k.podPrefix()
+	ph := Phase{Kind: k, Pods: c.opts.Pods}
 	factory := informers.NewSharedInformerFactoryWithOptions(c.admin, 0, informers.WithNamespace(ns))
 	inf := factory.Core().V1().Pods().Informer()
 	var mu sync.Mutex
@@ -555,7 +893,7 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 	}
 
 	// The scheduler and the controller manager are paused while the pods
-	// are created, so both phases measure working off the same backlog,
+	// are created, so every phase measures working off the same backlog,
 	// not how fast this process can create pods.
 	var resumes []func() error
 	resumeAll := func() error {
@@ -563,9 +901,14 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 		for _, r := range resumes {
 			errs = append(errs, r())
 		}
+		resumes = nil
 		return errors.Join(errs...)
 	}
 	defer resumeAll()
+	attempts0, err := c.schedulerAttempts(ctx)
+	if err != nil {
+		return ph, err
+	}
 	for _, comp := range []string{"kube-scheduler", "kube-controller-manager"} {
 		resume, err := c.plane.Pause(comp)
 		if err != nil {
@@ -573,10 +916,10 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 		}
 		resumes = append(resumes, resume)
 	}
-	c.say("creating %d pods (claims: %v) with kube-scheduler and kube-controller-manager paused", c.opts.Pods, withClaims)
+	c.say("creating %d pods (%s) with kube-scheduler and kube-controller-manager paused", c.opts.Pods, k)
 	created := time.Now()
-	err := c.parallel(ctx, c.opts.CreateWorkers, c.opts.Pods, func(ctx context.Context, i int) error {
-		_, err := c.fast.CoreV1().Pods(ns).Create(ctx, Pod(fmt.Sprintf("%s%04d", prefix, i), withClaims), metav1.CreateOptions{})
+	err = c.parallel(ctx, c.opts.CreateWorkers, c.opts.Pods, func(ctx context.Context, i int) error {
+		_, err := c.fast.CoreV1().Pods(ns).Create(ctx, Pod(fmt.Sprintf("%s%04d", prefix, i), k), metav1.CreateOptions{})
 		return err
 	})
 	if err != nil {
@@ -588,6 +931,10 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 	if err := resumeAll(); err != nil {
 		return ph, err
 	}
+	profiled := func() error { return nil }
+	if k != Plain {
+		profiled = c.startProfiles(ctx, fmt.Sprintf("%s-%d", k, c.round))
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -596,23 +943,29 @@ func (c *Cluster) Schedule(ctx context.Context, withClaims bool) (Phase, error) 
 		mu.Lock()
 		n := len(bound)
 		mu.Unlock()
-		return ph, fmt.Errorf("after %v only %d of %d pods (claims: %v) are scheduled; a pending one: %s",
-			c.opts.Timeout, n, c.opts.Pods, withClaims, c.pendingReason(ctx, ns))
+		return ph, fmt.Errorf("after %v only %d of %d pods (%s) are scheduled; a pending one: %s",
+			c.opts.Timeout, n, c.opts.Pods, k, c.pendingReason(ctx, ns))
 	}
 	ph.Duration = time.Since(start)
 	ph.CPU = c.cpuSince(cpu0)
-	c.say("  %d pods bound in %v: %.1f pods/s", ph.Pods, ph.Duration.Round(time.Millisecond), ph.PodsPerSecond())
-	return ph, nil
+	attempts, err := c.schedulerAttempts(ctx)
+	if err != nil {
+		return ph, err
+	}
+	ph.Attempts = map[string]float64{}
+	for r, v := range attempts {
+		ph.Attempts[r] = v - attempts0[r]
+	}
+	c.say("  %d pods bound in %v: %.1f pods/s; scheduling attempts %v", ph.Pods, ph.Duration.Round(time.Millisecond), ph.PodsPerSecond(), ph.Attempts)
+	// The next step deletes pods: the profile must not see it.
+	return ph, profiled()
 }
 
-// DeletePods removes the pods of a phase (grace period 0: no kubelet would
+// DeletePods removes the pods of kind k (grace period 0: no kubelet would
 // confirm) and waits until they, and with them their claims, are gone, so
 // the next phase starts on an empty cluster.
-func (c *Cluster) DeletePods(ctx context.Context, withClaims bool) error {
-	ns := PlainNamespace
-	if withClaims {
-		ns = ClaimNamespace
-	}
+func (c *Cluster) DeletePods(ctx context.Context, k Kind) error {
+	ns := k.Namespace()
 	pods := c.fast.CoreV1().Pods(ns)
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
 		return fmt.Errorf("delete pods in %s: %w", ns, err)
@@ -646,10 +999,11 @@ func (c *Cluster) pendingReason(ctx context.Context, ns string) string {
 	return "none"
 }
 
-// Pod is a virt-launcher-shaped pod (one compute container with requests);
-// with a claim it asks for one VF from ClaimTemplate as KubeVirt does for a
-// vfnet network.
-func Pod(name string, withClaim bool) *corev1.Pod {
+// Pod is a virt-launcher-shaped pod (one compute container with requests).
+// A VFNet pod asks for one VF from ClaimTemplate as KubeVirt does for a
+// vfnet network; an Upstream pod is the same pod asking for one device from
+// UpstreamTemplate, so the two differ only in the claim.
+func Pod(name string, k Kind) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubevirt.io": "virt-launcher", "vfnet.io/scale": "true"}},
 		Spec: corev1.PodSpec{
@@ -661,16 +1015,22 @@ func Pod(name string, withClaim bool) *corev1.Pod {
 			}},
 		},
 	}
-	if withClaim {
-		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "vf", ResourceClaimTemplateName: ptr.To(ClaimTemplate)}}
-		pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "vf"}}
+	template := ClaimTemplate
+	if k == Upstream {
+		template = UpstreamTemplate
+	}
+	if k != Plain {
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: k.claimName(), ResourceClaimTemplateName: ptr.To(template)}}
+		pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: k.claimName()}}
 	}
 	return pod
 }
 
 // Run is a whole measurement on a started plane: Setup, Publish, the phase
-// without claims, its cleanup, then the phase with claims (whose pods and
-// claims are left for Verify).
+// without claims, then opts.Rounds rounds of a vfnet and an upstream-shape
+// claim phase (see Options.Rounds), each with only its own shape's slices
+// present (see Only) and checked by Verify; every phase's pods and claims
+// are deleted before the next one.
 func Run(ctx context.Context, plane *controlplane.Plane, opts Options) (*Cluster, Result, error) {
 	var r Result
 	c, err := Setup(ctx, plane, opts)
@@ -680,37 +1040,83 @@ func Run(ctx context.Context, plane *controlplane.Plane, opts Options) (*Cluster
 	if err := c.Publish(ctx, &r); err != nil {
 		return c, r, err
 	}
-	if r.WithoutClaims, err = c.Schedule(ctx, false); err != nil {
+	phase := func(k Kind, round int) error {
+		c.round = round
+		if err := c.Only(ctx, k); err != nil {
+			return err
+		}
+		ph, err := c.Schedule(ctx, k)
+		if err != nil {
+			return err
+		}
+		ph.Round = round
+		r.Phases = append(r.Phases, ph)
+		switch k {
+		case Plain:
+			r.WithoutClaims = ph
+		case VFNet:
+			r.WithClaims = r.WithClaims.add(ph)
+		case Upstream:
+			r.Upstream = r.Upstream.add(ph)
+		}
+		if err := c.Verify(ctx, k); err != nil {
+			return err
+		}
+		return c.DeletePods(ctx, k)
+	}
+	if err := phase(Plain, 0); err != nil {
 		return c, r, err
 	}
-	if err := c.DeletePods(ctx, false); err != nil {
-		return c, r, err
+	for round := 1; round <= c.opts.Rounds; round++ {
+		order := []Kind{VFNet, Upstream}
+		if round%2 == 0 {
+			order = []Kind{Upstream, VFNet}
+		}
+		for _, k := range order {
+			if err := phase(k, round); err != nil {
+				return c, r, err
+			}
+		}
 	}
-	if r.WithClaims, err = c.Schedule(ctx, true); err != nil {
-		return c, r, err
-	}
+	r.UpstreamPublish = c.upstreamPublish
 	return c, r, nil
 }
 
-// Verify checks the claims phase's outcome: every pod bound, its claim
-// allocated exactly one vfnet VF of network physnet-a from the pool of the
-// node the pod is bound to, and no VF given twice.
-func (c *Cluster) Verify(ctx context.Context) error {
-	pods, err := c.admin.CoreV1().Pods(ClaimNamespace).List(ctx, metav1.ListOptions{})
+// Verify checks a phase's outcome: every pod of kind k bound, and for a
+// claim phase its claim allocated exactly one device of the kind's driver
+// (for vfnet a VF of network physnet-a) from the pool of the node the pod
+// is bound to, and no device given twice.
+func (c *Cluster) Verify(ctx context.Context, k Kind) error {
+	ns := k.Namespace()
+	pods, err := c.admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
-	claims, err := c.admin.ResourceV1().ResourceClaims(ClaimNamespace).List(ctx, metav1.ListOptions{})
+	var errs []error
+	if len(pods.Items) != c.opts.Pods {
+		errs = append(errs, fmt.Errorf("%d pods (%s) exist, want %d", len(pods.Items), k, c.opts.Pods))
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == "" {
+			errs = append(errs, fmt.Errorf("pod %s is not scheduled", p.Name))
+		}
+	}
+	if k == Plain {
+		return errors.Join(errs...)
+	}
+	claims, err := c.admin.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
-	sl, err := c.admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	sl, err := c.admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + k.driver()})
 	if err != nil {
 		return err
 	}
 	network := map[string]string{} // pool/device -> vfnet.io/network
+	exists := map[string]bool{}
 	for _, s := range sl.Items {
 		for _, d := range s.Spec.Devices {
+			exists[s.Spec.Pool.Name+"/"+d.Name] = true
 			if a, ok := d.Attributes["vfnet.io/network"]; ok && a.StringValue != nil {
 				network[s.Spec.Pool.Name+"/"+d.Name] = *a.StringValue
 			}
@@ -721,21 +1127,19 @@ func (c *Cluster) Verify(ctx context.Context) error {
 		byName[claims.Items[i].Name] = &claims.Items[i]
 	}
 	used := map[string]string{}
-	var errs []error
 	for _, p := range pods.Items {
 		if p.Spec.NodeName == "" {
-			errs = append(errs, fmt.Errorf("pod %s is not scheduled", p.Name))
 			continue
 		}
 		var claimName string
 		for _, st := range p.Status.ResourceClaimStatuses {
-			if st.Name == "vf" && st.ResourceClaimName != nil {
+			if st.Name == k.claimName() && st.ResourceClaimName != nil {
 				claimName = *st.ResourceClaimName
 			}
 		}
 		cl := byName[claimName]
 		if cl == nil {
-			errs = append(errs, fmt.Errorf("pod %s: no claim generated from template %s (status %+v)", p.Name, ClaimTemplate, p.Status.ResourceClaimStatuses))
+			errs = append(errs, fmt.Errorf("pod %s: no claim generated from its template (status %+v)", p.Name, p.Status.ResourceClaimStatuses))
 			continue
 		}
 		if cl.Status.Allocation == nil || len(cl.Status.Allocation.Devices.Results) != 1 {
@@ -745,25 +1149,27 @@ func (c *Cluster) Verify(ctx context.Context) error {
 		res := cl.Status.Allocation.Devices.Results[0]
 		key := res.Pool + "/" + res.Device
 		switch {
-		case res.Driver != flow.DriverName:
-			errs = append(errs, fmt.Errorf("pod %s: claim %s allocated by driver %s, want %s", p.Name, cl.Name, res.Driver, flow.DriverName))
+		case res.Driver != k.driver():
+			errs = append(errs, fmt.Errorf("pod %s: claim %s allocated by driver %s, want %s", p.Name, cl.Name, res.Driver, k.driver()))
 		case res.Pool != p.Spec.NodeName:
 			errs = append(errs, fmt.Errorf("pod %s on node %s got %s from another node's pool", p.Name, p.Spec.NodeName, key))
-		case network[key] != Network:
+		case !exists[key]:
+			errs = append(errs, fmt.Errorf("pod %s got %s, which no slice of %s offers", p.Name, key, k.driver()))
+		case k == VFNet && network[key] != Network:
 			errs = append(errs, fmt.Errorf("pod %s got %s of network %q, want %s", p.Name, key, network[key], Network))
 		case used[key] != "":
-			errs = append(errs, fmt.Errorf("VF %s allocated to both %s and %s", key, used[key], p.Name))
+			errs = append(errs, fmt.Errorf("device %s allocated to both %s and %s", key, used[key], p.Name))
 		}
 		used[key] = p.Name
-	}
-	if len(pods.Items) != c.opts.Pods {
-		errs = append(errs, fmt.Errorf("%d pods with claims exist, want %d", len(pods.Items), c.opts.Pods))
 	}
 	return errors.Join(errs...)
 }
 
 // Close stops every node's plugin and removes the run's directory.
 func (c *Cluster) Close() {
+	if c.watch != nil {
+		c.watch.stop()
+	}
 	if c.stopPlugins != nil {
 		c.stopPlugins()
 	}

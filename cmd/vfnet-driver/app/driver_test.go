@@ -2,13 +2,11 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
+	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
@@ -65,21 +63,11 @@ func poolState(ctx context.Context, t *testing.T, c kubernetes.Interface, node s
 // procStatus returns the kB fields of /proc/<pid>/status.
 func procStatus(t *testing.T, pid int) map[string]int {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procmem.Status(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[2] == "kB" {
-			n, _ := strconv.Atoi(f[1])
-			out[strings.TrimSuffix(f[0], ":")] = n
-		}
-	}
-	if out["VmRSS"] == 0 {
-		t.Fatalf("no VmRSS in /proc/%d/status", pid)
-	}
-	return out
+	return st
 }
 
 // memoryBreakdown says where an idle driver's RSS is: the resident kB of
@@ -88,52 +76,15 @@ func procStatus(t *testing.T, pid int) map[string]int {
 // stacks, runtime metadata).
 func memoryBreakdown(t *testing.T, pid int, metricsURL string) string {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	smaps, err := procmem.Smaps(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rss := map[string]int{}
-	var order []string
-	name := ""
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		switch {
-		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
-			name = f[1] // perms
-			if len(f) >= 6 {
-				name += " " + filepath.Base(f[5])
-			} else {
-				name += " anon"
-			}
-			if _, ok := rss[name]; !ok {
-				order = append(order, name)
-			}
-		case len(f) == 3 && f[0] == "Rss:":
-			n, _ := strconv.Atoi(f[1])
-			rss[name] += n
-		}
-	}
-	var b strings.Builder
-	b.WriteString("smaps Rss:")
-	for _, n := range order {
-		if rss[n] >= 256 {
-			fmt.Fprintf(&b, " [%s] %.1f MiB", n, float64(rss[n])/1024)
-		}
-	}
-	f, err := scrape.Get(t.Context(), http.DefaultClient, metricsURL)
+	goRuntime, err := procmem.GoRuntime(t.Context(), metricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.WriteString("; Go runtime:")
-	for _, m := range []string{"heap_alloc", "heap_inuse", "heap_idle", "heap_released", "stack_inuse", "sys", "other_sys", "gc_sys", "mspan_inuse"} {
-		if v, ok := f.Value("go_memstats_"+m+"_bytes", nil); ok {
-			fmt.Fprintf(&b, " %s %.1f MiB", m, v/(1<<20))
-		}
-	}
-	if v, ok := f.Value("go_goroutines", nil); ok {
-		fmt.Fprintf(&b, " goroutines %.0f", v)
-	}
-	return b.String()
+	return smaps + goRuntime
 }
 
 // TestDriverOnAPIServer runs the built vfnet-driver --simulate on a 4 x 256
