@@ -20,14 +20,19 @@ K=$cache/kernel
 KERNEL_ABI=${VFNET_KERNEL_ABI:-6.1.0-50}
 # A recipe change invalidates the cache.
 key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
-if [[ -f $K/ready && $(<"$K/ready") == "$key" && -f $K/env ]]; then
-  exit 0
-fi
+ready() { [[ -f $K/ready && $(<"$K/ready") == "$key" && -f $K/env ]]; }
+ready && exit 0
+# Two runs at once (make -j, two checkouts sharing VFNET_CACHE) would unpack
+# into the same directories: the second waits and finds the first's result.
+mkdir -p "$K"
+exec 9>"$K.lock"
+flock 9
+ready && exit 0
 
 die() { echo "kernel-deps: $*" >&2; exit 1; }
 log() { echo "kernel-deps: $*" >&2; }
 
-for tool in apt-get apt-cache dpkg-deb xz sha256sum; do
+for tool in apt-get apt-cache dpkg-deb xz sha256sum flock; do
   command -v "$tool" >/dev/null || die "needs '$tool' on the host (Debian: apt-get install ${tool/sha256sum/coreutils}); it is missing"
 done
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg

@@ -13,9 +13,15 @@ out="$cache/node-bin/$key"
 bins=(containerd containerd-shim-runc-v2 ctr)
 # --dir: print where the binaries belong without building.
 if [ "${1:-}" = "--dir" ]; then echo "$out"; exit 0; fi
-ok=1
-for b in "${bins[@]}"; do [ -x "$out/$b" ] || ok=0; done
-if [ $ok = 1 ]; then echo "$out"; exit 0; fi
+built() {
+  for b in "${bins[@]}"; do [ -x "$out/$b" ] || return 1; done
+}
+if built; then echo "$out"; exit 0; fi
+# A second build at once waits for the first instead of sharing its .tmp.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
+if built; then echo "$out"; exit 0; fi
 rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building containerd v2.4.2 (containerd, shim, ctr) into $out" >&2
 start=$(date +%s)

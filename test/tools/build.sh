@@ -12,21 +12,28 @@ out="$cache/k8s-bin/$key"
 # --dir: print where the binaries belong without building (the Go harness
 # uses it to find a warm cache and to name the directory in its error).
 if [ "${1:-}" = "--dir" ]; then echo "$out"; exit 0; fi
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ] \
-   && [ -x "$out/kube-scheduler" ] && [ -x "$out/kube-controller-manager" ] \
-   && [ -x "$out/kubelet" ]; then
-  echo "$out"; exit 0
-fi
+built() {
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+    [ -x "$out/$b" ] || return 1
+  done
+}
+if built; then echo "$out"; exit 0; fi
+# Two builds at once (parallel make targets, checkouts sharing VFNET_CACHE)
+# would write the same .tmp directory: the second waits for the first.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
+if built; then echo "$out"; exit 0; fi
 mkdir -p "$out.tmp"
 echo ">> building etcd v3.7.0 and Kubernetes v1.37.2 control plane into $out" >&2
 echo ">> first build takes about 15 minutes on 2 cores; later runs reuse the cache" >&2
 start=$(date +%s)
 cd "$here"
-go build -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
-for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
-  echo ">> building $c ($(( $(date +%s) - start ))s elapsed)" >&2
-  go build -o "$out.tmp/$c" "k8s.io/kubernetes/cmd/$c"
-done
+# One go build for all six: the Go scheduler compiles their shared packages
+# once and keeps both cores busy to the end instead of linking one at a time.
+go build -o "$out.tmp/" go.etcd.io/etcd/server/v3 \
+  k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,kubelet}
+mv "$out.tmp/server" "$out.tmp/etcd"  # go.etcd.io/etcd/server/v3 builds as "server"
 rm -rf "$out"; mv "$out.tmp" "$out"
 echo ">> control plane built in $(( $(date +%s) - start ))s" >&2
 echo "$out"
