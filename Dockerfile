@@ -5,6 +5,9 @@
 # Both binaries are static (CGO_ENABLED=0): the images carry no libc.
 # grpcnotrace drops grpc's x/net/trace (off by default anyway), which keeps
 # text/template out and the binaries ~40% smaller (less RSS per VM pod).
+# ./cmd/vfnet-driver is the driver without the simulator: --simulate and
+# pkg/simhost are only in ./cmd/vfnet-driver-sim, for tests and the demo
+# (TestDockerfile checks the driver built here carries none).
 
 ARG GO_VERSION=1.26.8
 

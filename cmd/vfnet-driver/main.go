@@ -1,5 +1,7 @@
 // Command vfnet-driver is vfnet's DRA driver for SR-IOV VFs (see
-// cmd/vfnet-driver/app), plus `vfnet-driver inspect`.
+// cmd/vfnet-driver/app), plus `vfnet-driver inspect`. This is the shipped
+// build: it passes no simulator, so pkg/simhost is not linked (main_test.go
+// keeps it so) and --simulate fails naming vfnet-driver-sim.
 package main
 
 import (
@@ -9,5 +11,5 @@ import (
 )
 
 func main() {
-	os.Exit(app.Main(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(app.Main(os.Args[1:], os.Stdout, os.Stderr, nil))
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"debug/elf"
 	"os"
 	"os/exec"
@@ -16,7 +17,8 @@ import (
 // targets exist, the binding image is non-root (107:107) on scratch, and the
 // Dockerfile's own go build command produces static binaries for both
 // commands (no ELF interpreter, no shared libraries), which is what lets the
-// images have no libc.
+// images have no libc, and that the driver it ships carries no simulator
+// (pkg/simhost is vfnet-driver-sim's alone).
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
 	repo, err := controlplane.RepoRoot()
@@ -78,5 +80,18 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("%s needs shared libraries %v", bin, libs)
 		}
 		f.Close()
+	}
+	// -s -w strips the symbol table, not the function names the runtime
+	// keeps (pclntab): a linked package shows there by import path.
+	drv, err := os.ReadFile(filepath.Join(out, "vfnet-driver"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mod = "github.com/vfnet-io/vfnet/"
+	if !bytes.Contains(drv, []byte(mod+"driver/prepare.")) {
+		t.Errorf("vfnet-driver names no function of %sdriver/prepare: the check below would pass blindly", mod)
+	}
+	if bytes.Contains(drv, []byte(mod+"pkg/simhost.")) {
+		t.Errorf("the Dockerfile's vfnet-driver links %spkg/simhost: the image must ship ./cmd/vfnet-driver, not ./cmd/vfnet-driver-sim", mod)
 	}
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // TestFlow is issue 6's end-to-end flow on the real control plane with the
-// real vfnet-driver (--simulate) and vfnet-binding binaries; see
+// real driver (vfnet-driver-sim --simulate) and vfnet-binding binaries; see
 // flow.Env.RunScenario for the steps and what each checks.
 func TestFlow(t *testing.T) {
 	t.Parallel()

@@ -22,7 +22,7 @@ func Demo(ctx context.Context, out io.Writer) (retErr error) {
 	// People read the progress lines; component logs stay in their files.
 	ctx = klog.NewContext(ctx, logr.Discard())
 	fmt.Fprintln(out, "vfnet demo: a real Kubernetes v1.37 control plane (etcd, kube-apiserver, kube-scheduler,")
-	fmt.Fprintln(out, "kube-controller-manager) on 127.0.0.1, a simulated SR-IOV node running the real vfnet-driver,")
+	fmt.Fprintln(out, "kube-controller-manager) on 127.0.0.1, a simulated SR-IOV node running the real driver (vfnet-driver-sim),")
 	fmt.Fprintln(out, "a kubelet stand-in, KubeVirt-shaped VMs and the real vfnet-binding hook sidecar.")
 	fmt.Fprintln(out, "==> starting the control plane")
 	plane, err := controlplane.Start(ctx, controlplane.Options{HandleSignals: true})

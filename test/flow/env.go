@@ -1,7 +1,7 @@
 // Package flow drives vfnet end to end against a real control plane
 // (test/controlplane): it installs the manifests a cluster admin applies,
-// KubeVirt's CRDs, simulated nodes each running the real vfnet-driver binary
-// (--simulate on a pkg/simhost tree) beside a kubelet stand-in
+// KubeVirt's CRDs, simulated nodes each running the real driver program
+// (vfnet-driver-sim --simulate on a pkg/simhost tree) beside a kubelet stand-in
 // (test/kubeletsim), and the VM-shaped objects KubeVirt would create. The
 // end-to-end tests (test/e2e) and `make demo` (cmd/vfnet-demo) both use it.
 package flow
@@ -92,18 +92,19 @@ func (e *Env) say(format string, args ...any) {
 	fmt.Fprintf(e.Progress, format+"\n", args...)
 }
 
-// BinDir builds vfnet-driver and vfnet-binding once per Env and returns
+// BinDir builds vfnet-driver-sim (the driver with --simulate, which the
+// shipped vfnet-driver lacks) and vfnet-binding once per Env and returns
 // their directory.
 func (e *Env) BinDir(ctx context.Context) (string, error) {
 	dir := filepath.Join(e.Dir, "bin")
 	e.binOnce.Do(func() {
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/vfnet-driver", "./cmd/vfnet-binding")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding")
 		cmd.Dir = e.Repo
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			e.binErr = fmt.Errorf("build vfnet-driver and vfnet-binding: %w\n%s", err, out)
+			e.binErr = fmt.Errorf("build vfnet-driver-sim and vfnet-binding: %w\n%s", err, out)
 			return
 		}
 		klog.FromContext(ctx).V(1).Info("Built vfnet binaries", "dir", dir, "duration", time.Since(start))

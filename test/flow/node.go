@@ -28,7 +28,7 @@ import (
 )
 
 // Node is one simulated node: a synthetic host, the kubelet stand-in and the
-// real vfnet-driver process running under the DaemonSet's ServiceAccount.
+// real driver process (vfnet-driver-sim) running under the DaemonSet's ServiceAccount.
 type Node struct {
 	env  *Env
 	Name string
@@ -269,7 +269,7 @@ func (n *Node) StartDriver(ctx context.Context) error {
 		n.mu.Unlock()
 		return err
 	}
-	cmd := exec.Command(filepath.Join(bin, "vfnet-driver"), n.DriverArgs(kubeconfig)...)
+	cmd := exec.Command(filepath.Join(bin, "vfnet-driver-sim"), n.DriverArgs(kubeconfig)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "NODE_NAME="+n.Name, "POD_UID="+string(n.DriverPod.UID))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -82,7 +82,7 @@ func (e *Env) RunScenario(ctx context.Context) (*Result, error) {
 	}); err != nil {
 		return res, err
 	}
-	if err := e.step("2. start node-1 (simulated E810: 2 VFs on physnet-a, 1 on physnet-b) with vfnet-driver --simulate under its ServiceAccount", func() error {
+	if err := e.step("2. start node-1 (simulated E810: 2 VFs on physnet-a, 1 on physnet-b) with vfnet-driver-sim --simulate under its ServiceAccount", func() error {
 		var err error
 		if node, err = e.AddNode(ctx, NodeOptions{Name: "node-1", Spec: DemoHost()}); err != nil {
 			return err

@@ -15,15 +15,16 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
 )
 
-// Image names on the node. The driver and binding images are what `make
-// images` writes (the overlay and the KubeVirt CR point at them); the
-// launcher stand-in carries KubeVirt's launcher image name, which the
-// rendered pod runs.
+// Image names on the node. The binding image is what `make images` writes
+// (the KubeVirt CR points at it). The driver image is the shipped one with
+// vfnet-driver-sim in place of vfnet-driver, the driver with --simulate that
+// the shipped image lacks (the overlay names it); the launcher stand-in
+// carries KubeVirt's launcher image name, which the rendered pod runs.
 const (
-	DriverImage   = "vfnet-driver:dev"
-	BindingImage  = "vfnet-binding:dev"
-	PauseImage    = "vfnet.test/pause:1"
-	LauncherImage = "quay.io/kubevirt/virt-launcher:v1.9.0"
+	SimDriverImage = "vfnet-driver-sim:dev"
+	BindingImage   = "vfnet-binding:dev"
+	PauseImage     = "vfnet.test/pause:1"
+	LauncherImage  = "quay.io/kubevirt/virt-launcher:v1.9.0"
 	// ContainerDiskImage is the example VM's disk (a stand-in holding an
 	// empty disk file: no VM boots).
 	ContainerDiskImage = "quay.io/containerdisks/fedora:latest"
@@ -63,6 +64,20 @@ func goBuild(ctx context.Context, dir, out, pkg string, env []string, flags ...s
 	return nil
 }
 
+// simDriverImage is ociimage.Driver with /usr/bin/vfnet-driver-sim as its
+// binary and entrypoint: only the program differs from the shipped image.
+func simDriverImage(ref, arch string, bin []byte) ociimage.Image {
+	const path = "/usr/bin/vfnet-driver-sim"
+	img := ociimage.Driver(ref, arch, bin)
+	for i := range img.Files {
+		if img.Files[i].Path == img.Entrypoint[0] {
+			img.Files[i].Path = path
+		}
+	}
+	img.Entrypoint = []string{path}
+	return img
+}
+
 // BuildImages builds every image the node runs into dir/images and test/kubevirt's
 // generators into dir/bin, and prepares the KubeVirt CR and the VMI.
 func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
@@ -79,12 +94,13 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	// KubeVirt's module needs this for libvirt.org/go/libvirt (README there).
 	kvEnv := append(static, "GONOSUMDB=libvirt.org/go/libvirt")
 
-	// The product images, exactly as hack/mkimages makes them.
+	// The product images as hack/mkimages makes them, the driver's with
+	// the simulator-carrying build.
 	for _, p := range []struct {
 		pkg, ref string
 		image    func(ref, arch string, bin []byte) ociimage.Image
 	}{
-		{"./cmd/vfnet-driver", DriverImage, ociimage.Driver},
+		{"./cmd/vfnet-driver-sim", SimDriverImage, simDriverImage},
 		{"./cmd/vfnet-binding", BindingImage, ociimage.Binding},
 	} {
 		out := filepath.Join(bin, filepath.Base(p.pkg))

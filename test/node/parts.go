@@ -4,7 +4,8 @@
 // admin would (kubectl apply -k of a test overlay), all inside one private
 // mount + network namespace of this machine, so nothing on the host changes
 // and no traffic leaves. The SR-IOV hardware under the driver is pkg/simhost
-// (--simulate); everything above it is real.
+// (--simulate, so the driver image carries vfnet-driver-sim, the build with
+// the simulator); everything above it is real.
 //
 // TestRealNode (VFNET_REAL_NODE=1, `make test-node`) re-runs its own test
 // binary in new namespaces; this package holds what that run needs: the

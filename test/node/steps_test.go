@@ -234,14 +234,15 @@ func (e *env) testInstall(t *testing.T) {
 }
 
 // checkOverlay: the test overlay's DaemonSet equals the shipped one except
-// for the image, its pull policy, the simulated host's arguments and its
+// for the image (vfnet-driver-sim: the shipped vfnet-driver has no
+// --simulate), its pull policy, the simulated host's arguments and its
 // hostPath volume.
 func checkOverlay(t *testing.T, shipped, ours *appsv1.DaemonSet) {
 	t.Helper()
 	s, o := shipped.DeepCopy(), ours.DeepCopy()
 	sc, oc := &s.Spec.Template.Spec.Containers[0], &o.Spec.Template.Spec.Containers[0]
-	if oc.Image != DriverImage || oc.ImagePullPolicy != corev1.PullNever {
-		t.Errorf("overlay image %s pull %s, want %s Never", oc.Image, oc.ImagePullPolicy, DriverImage)
+	if oc.Image != SimDriverImage || oc.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("overlay image %s pull %s, want %s Never", oc.Image, oc.ImagePullPolicy, SimDriverImage)
 	}
 	want := append(slices.Clone(sc.Args), "--simulate", "--sysfs-root="+SimRoot+"/sys", "--dev-root="+SimRoot+"/dev")
 	if !reflect.DeepEqual(oc.Args, want) {

@@ -1,5 +1,7 @@
 // Package app is vfnet-driver's command line: the long-running DRA driver
-// and the `inspect` subcommand. cmd/vfnet-driver/main.go only calls Main.
+// and the `inspect` subcommand. cmd/vfnet-driver/main.go only calls Main,
+// without a simulator; cmd/vfnet-driver-sim passes one (package simulate),
+// so pkg/simhost is linked only into that binary, never into the shipped one.
 package app
 
 import (
@@ -41,7 +43,6 @@ import (
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
@@ -51,13 +52,49 @@ import (
 // live-migration watcher: one instance per node runs it.
 const MigrationLockFileName = "vfnet-migration.lock"
 
+// Host is the kernel side the driver acts on: the real one, or a
+// simulator's. Close releases it.
+type Host struct {
+	Sysfs   *sysfs.Host
+	Writer  sysfs.Writer
+	Links   vflink.Links
+	DevRoot string
+	Close   func()
+}
+
+// Simulator opens a simulated host in place of the kernel (--simulate): the
+// one built under sysfsRoot, with its /dev at devRoot (empty: its own) and
+// its VF link layer on the namespace file hostNetns. It is a parameter, not
+// a registration, so that whether a binary can simulate is decided by its
+// main package alone: only cmd/vfnet-driver-sim passes one.
+type Simulator func(sysfsRoot, devRoot, hostNetns string) (*Host, error)
+
+// SimBinary names the build that carries the simulator, for errors.
+const SimBinary = "vfnet-driver-sim (cmd/vfnet-driver-sim)"
+
 // Main runs vfnet-driver with args (without the program name) and returns
-// the process exit code.
-func Main(args []string, stdout, stderr io.Writer) int {
+// the process exit code. sim serves --simulate; nil (the shipped build)
+// refuses the flag.
+func Main(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	if len(args) > 0 && args[0] == "inspect" {
-		return Inspect(args[1:], stdout, stderr)
+		return Inspect(args[1:], stdout, stderr, sim)
 	}
-	return runDriver(args, stderr)
+	return runDriver(args, stderr, sim)
+}
+
+// simulateFlag defines --simulate; its help says whether this build can.
+func simulateFlag(fs *flag.FlagSet, p *bool, sim Simulator, help string) {
+	if sim == nil {
+		help = "not in this build, which links no simulator: " + SimBinary + " has it (tests and demos)"
+	}
+	fs.BoolVar(p, "simulate", false, help)
+}
+
+// noSimulator is the error for --simulate on a build without a simulator.
+func noSimulator(cmd string, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "%s: --simulate: this vfnet-driver is the shipped build and links no simulator; "+
+		"run %s for a simulated host, or drop --simulate to act on this host's kernel\n", cmd, SimBinary)
+	return 2
 }
 
 // alias registers another name for an existing flag (the manifests and
@@ -68,8 +105,8 @@ func alias(fs *flag.FlagSet, name, of string) {
 }
 
 // Inspect prints, without a cluster, the ResourceSlices the driver would
-// publish, as YAML documents.
-func Inspect(args []string, stdout, stderr io.Writer) int {
+// publish, as YAML documents. sim serves --simulate as in Main.
+func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	fs := flag.NewFlagSet("vfnet-driver inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("sysfs-root", "/sys", "root of the sysfs tree to read")
@@ -79,10 +116,17 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 	procRoot := fs.String("proc-root", "/proc", "host /proc: who holds /dev/vfio group nodes open")
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
 	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	simulate := fs.Bool("simulate", false, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
+	var simulate bool
+	simulateFlag(fs, &simulate, sim, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if simulate && sim == nil {
+		return noSimulator("vfnet-driver inspect", stderr)
+	}
+	if !simulate {
+		sim = nil
 	}
 	if *node == "" {
 		fmt.Fprintln(stderr, "vfnet-driver inspect: --node-name (or NODE_NAME) is required: the pool is named after the node")
@@ -93,7 +137,7 @@ func Inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	links, closeLinks, err := openLinks(*root, *simulate, *hostNetns)
+	links, closeLinks, err := openLinks(*root, *hostNetns, sim)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -150,30 +194,20 @@ const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs
 	"(the default is the host init's, which a pod sees with hostPID: true)"
 
 // openLinks opens the VF link layer: netlink in the namespace hostNetns,
-// or with simulate the simulated host's under root (its own host
-// namespace unless the flag names another file than the default).
-func openLinks(root string, simulate bool, hostNetns string) (vflink.Links, func(), error) {
-	if !simulate {
+// or with sim (--simulate) the simulated host's under root.
+func openLinks(root, hostNetns string, sim Simulator) (vflink.Links, func(), error) {
+	if sim == nil {
 		l, err := vflink.Open(hostNetns)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--host-netns: %w", err)
 		}
 		return l, func() { l.Close() }, nil
 	}
-	h, err := simhost.Open(root)
+	h, err := sim(root, "", hostNetns)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--simulate: %w", err)
+		return nil, nil, err
 	}
-	if hostNetns == vflink.DefaultHostNetns {
-		// The simulated host's own namespace stands for the host's.
-		return h.Links(), func() { h.Close() }, nil
-	}
-	l, err := h.LinksAt(hostNetns)
-	if err != nil {
-		h.Close()
-		return nil, nil, fmt.Errorf("--host-netns: %w", err)
-	}
-	return l, func() { h.Close() }, nil
+	return h.Links, h.Close, nil
 }
 
 // resolver is discovery's Resolve over links.
@@ -239,7 +273,7 @@ type driverFlags struct {
 	simulate                                         bool
 }
 
-func runDriver(args []string, stderr io.Writer) int {
+func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	var f driverFlags
 	fs := flag.NewFlagSet("vfnet-driver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -259,7 +293,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	fs.BoolVar(&f.simulate, "simulate", false, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
+	simulateFlag(fs, &f.simulate, sim, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -270,6 +304,12 @@ func runDriver(args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
+	}
+	if f.simulate && sim == nil {
+		return noSimulator("vfnet-driver", stderr)
+	}
+	if !f.simulate {
+		sim = nil
 	}
 	if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver: logging flags: %v\n", err)
@@ -296,7 +336,7 @@ func runDriver(args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, f); err != nil {
+	if err := run(ctx, f, sim); err != nil {
 		klog.FromContext(ctx).Error(err, "vfnet-driver failed")
 		fmt.Fprintf(stderr, "vfnet-driver: %v\n", err)
 		return 1
@@ -304,41 +344,21 @@ func runDriver(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// host is the kernel side the driver acts on: the real one or pkg/simhost's.
-type host struct {
-	sysfs   *sysfs.Host
-	writer  sysfs.Writer
-	links   vflink.Links
-	devRoot string
-	close   func()
-}
-
-func openHost(f driverFlags) (*host, error) {
-	if !f.simulate {
+// openHost opens the real kernel's side, or with sim (--simulate) the
+// simulated host's.
+func openHost(f driverFlags, sim Simulator) (*Host, error) {
+	if sim == nil {
 		l, err := vflink.Open(f.hostNetns)
 		if err != nil {
 			return nil, fmt.Errorf("--host-netns: %w", err)
 		}
-		return &host{sysfs: sysfs.New(f.sysfsRoot), writer: sysfs.RootWriter{Root: f.sysfsRoot}, links: l, devRoot: f.devRoot, close: func() { l.Close() }}, nil
+		return &Host{Sysfs: sysfs.New(f.sysfsRoot), Writer: sysfs.RootWriter{Root: f.sysfsRoot}, Links: l, DevRoot: f.devRoot, Close: func() { l.Close() }}, nil
 	}
-	var opts []simhost.Option
-	if f.devRoot != "/dev" {
-		opts = append(opts, simhost.WithDevRoot(f.devRoot))
+	devRoot := f.devRoot
+	if devRoot == "/dev" {
+		devRoot = "" // the simulated host's own
 	}
-	h, err := simhost.Open(f.sysfsRoot, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("--simulate: %w", err)
-	}
-	links := h.Links()
-	// The default names the host's namespace: in a simulation that is the
-	// simulated host's own, so a manifest that spells it out still works.
-	if f.hostNetns != vflink.DefaultHostNetns {
-		if links, err = h.LinksAt(f.hostNetns); err != nil {
-			h.Close()
-			return nil, fmt.Errorf("--host-netns: %w", err)
-		}
-	}
-	return &host{sysfs: h.Sysfs(), writer: h.Kernel(), links: links, devRoot: h.DevRoot(), close: func() { h.Close() }}, nil
+	return sim(f.sysfsRoot, devRoot, f.hostNetns)
 }
 
 func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
@@ -364,7 +384,7 @@ func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, er
 	return kube, dyn, nil
 }
 
-func run(ctx context.Context, f driverFlags) error {
+func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	logger := klog.FromContext(ctx)
 	if f.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
@@ -376,11 +396,11 @@ func run(ctx context.Context, f driverFlags) error {
 	if _, err := loadConfig(f.config); err != nil {
 		return err
 	}
-	h, err := openHost(f)
+	h, err := openHost(f, sim)
 	if err != nil {
 		return err
 	}
-	defer h.close()
+	defer h.Close()
 	if f.simulate {
 		warnSimulated(ctx, f.sysfsRoot)
 		go func() {
@@ -410,8 +430,8 @@ func run(ctx context.Context, f driverFlags) error {
 	// One Event recorder for prepare (VFNetMACNotMigratable) and migration.
 	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
 	defer stopEvents()
-	holders := groupHolders(f.procRoot, h.devRoot)
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.links),
+	holders := groupHolders(f.procRoot, h.DevRoot)
+	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.Links),
 		// A PF's link went down or up, or it vanished: republish now with
 		// or without the taint instead of at the next rescan.
 		OnPFChange: func() {
@@ -437,7 +457,7 @@ func run(ctx context.Context, f driverFlags) error {
 		},
 	})
 	state, err = prepare.New(prepare.Options{
-		NodeName: f.nodeName, Sysfs: h.sysfs, Writer: h.writer, Links: h.links, DevRoot: h.devRoot,
+		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Links: h.Links, DevRoot: h.DevRoot,
 		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
 		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
 		Events: events,
@@ -448,7 +468,7 @@ func run(ctx context.Context, f driverFlags) error {
 			if cfg, err := loadConfig(f.config); err == nil && cfg != nil {
 				pol.AllowUnsafeNoIOMMU = cfg.AllowUnsafeNoIOMMU
 			}
-			return discovery.CheckVF(h.sysfs, bdf, pol, holders)
+			return discovery.CheckVF(h.Sysfs, bdf, pol, holders)
 		},
 		Published: func() []discovery.Device {
 			if l := published.Load(); l != nil {
@@ -473,8 +493,8 @@ func run(ctx context.Context, f driverFlags) error {
 	}
 	defer p.Stop()
 	loop = slices.NewLoop(slices.LoopOptions{
-		NodeName: f.nodeName, Discoverer: h.sysfs, Publisher: p, Owned: state.Owned,
-		NoIOMMUMode: h.sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.links),
+		NodeName: f.nodeName, Discoverer: h.Sysfs, Publisher: p, Owned: state.Owned,
+		NoIOMMUMode: h.Sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.Links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 		OnPublish:  mx.Published,
@@ -497,7 +517,7 @@ func run(ctx context.Context, f driverFlags) error {
 	wg.Go(func() {
 		monitor.Run(ctx, f.healthInterval, func(ctx context.Context) ([]sysfs.PF, error) {
 			// Quiet: the rescan loop already reported unusable functions.
-			pfs, err := h.sysfs.Discover(klog.NewContext(ctx, klog.FromContext(ctx).V(4)))
+			pfs, err := h.Sysfs.Discover(klog.NewContext(ctx, klog.FromContext(ctx).V(4)))
 			if err == nil {
 				st.scanned(time.Now())
 			}

@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app"
+	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app/simulate"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 )
@@ -62,7 +64,7 @@ func TestInspectMixedHost(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.MixedHost())
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr)
+	code := app.Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "node-a"}, &stdout, &stderr, simulate.Open)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -93,7 +95,7 @@ func TestInspectLargeHostSplits(t *testing.T) {
 	root := buildHost(t, simhost.LargeHost())
 	var stdout, stderr bytes.Buffer
 	cfg := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- deviceID: \"1593\"\n  network: net\n")
-	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr); code != 0 {
+	if code := app.Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-config", cfg, "--node-name", "big"}, &stdout, &stderr, simulate.Open); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -111,7 +113,7 @@ func TestInspectNoConfigPublishesEmptySlice(t *testing.T) {
 	t.Parallel()
 	root := buildHost(t, simhost.E810Host())
 	var stdout, stderr bytes.Buffer
-	if code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr); code != 0 {
+	if code := app.Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--node-name", "n"}, &stdout, &stderr, simulate.Open); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	slices := decodeSlices(t, stdout.String())
@@ -144,7 +146,7 @@ func TestInspectErrors(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := Inspect(append([]string{"--simulate", "--sysfs-root", root}, tc.args...), &stdout, &stderr)
+			code := app.Inspect(append([]string{"--simulate", "--sysfs-root", root}, tc.args...), &stdout, &stderr, simulate.Open)
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
 				t.Fatalf("exit %d (want %d), stdout %q, stderr %q (want %q)", code, tc.code, stdout.String(), stderr.String(), tc.want)
 			}
@@ -152,17 +154,25 @@ func TestInspectErrors(t *testing.T) {
 	}
 }
 
-// TestBuiltCommand runs the real binary: inspect output and exit codes, and
-// the driver refusing a bad configuration before touching anything.
-func TestBuiltCommand(t *testing.T) {
-	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "vfnet-driver")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/vfnet-driver").CombinedOutput(); err != nil {
+// buildCmd builds cmd/<name> of this module into a temporary directory.
+func buildCmd(t *testing.T, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/"+name).CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// TestBuiltCommand runs the real binaries: inspect output and exit codes,
+// the driver refusing a bad configuration before touching anything, and the
+// shipped build refusing --simulate.
+func TestBuiltCommand(t *testing.T) {
+	t.Parallel()
+	sim, shipped := buildCmd(t, "vfnet-driver-sim"), buildCmd(t, "vfnet-driver")
 	root := buildHost(t, simhost.MixedHost())
 	good := writeFile(t, mixedConfig)
-	out, err := exec.Command(bin, "inspect", "--simulate", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
+	out, err := exec.Command(sim, "inspect", "--simulate", "--sysfs-root", root, "--config", good, "--node-name", "node-a").Output()
 	if err != nil {
 		t.Fatalf("inspect: %v", err)
 	}
@@ -170,26 +180,70 @@ func TestBuiltCommand(t *testing.T) {
 		t.Fatalf("inspect output: %s", out)
 	}
 	bad := writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: a\n")
-	for _, args := range [][]string{
-		{"inspect", "--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
-		{"--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n", "--kubeconfig", "/nonexistent"},
-	} {
+	run := func(bin string, args ...string) (int, string) {
 		cmd := exec.Command(bin, args...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
 		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "pfs[0].network: missing") {
-			t.Errorf("%v: err %v, stderr %s", args, err, stderr.String())
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("%s %v: %v", bin, args, err)
+		}
+		return cmd.ProcessState.ExitCode(), stderr.String()
+	}
+	for _, args := range [][]string{
+		{"inspect", "--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n"},
+		{"--simulate", "--sysfs-root", root, "--config", bad, "--node-name", "n", "--kubeconfig", "/nonexistent"},
+	} {
+		if code, stderr := run(sim, args...); code != 1 || !strings.Contains(stderr, "pfs[0].network: missing") {
+			t.Errorf("%v: exit %d, stderr %s", args, code, stderr)
 		}
 	}
 	// Simulation is refused unless asked for: without --simulate the real
 	// kernel paths are used, and a synthetic tree is read as a plain sysfs.
-	cmd := exec.Command(bin, "--sysfs-root", root, "--node-name", "n", "--kubeconfig", "/nonexistent")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err == nil || strings.Contains(stderr.String(), "SIMULATED") {
-		t.Errorf("driver without --simulate: %v %s", err, stderr.String())
+	if code, stderr := run(sim, "--sysfs-root", root, "--node-name", "n", "--kubeconfig", "/nonexistent"); code == 0 || strings.Contains(stderr, "SIMULATED") {
+		t.Errorf("driver without --simulate: exit %d %s", code, stderr)
+	}
+	// The shipped build has no simulator: --simulate is a usage error that
+	// names the build that has one, before anything else is read.
+	for _, args := range [][]string{
+		{"--simulate", "--sysfs-root", root, "--config", good, "--node-name", "n", "--kubeconfig", "/nonexistent"},
+		{"inspect", "--simulate", "--sysfs-root", root, "--config", good, "--node-name", "n"},
+	} {
+		if code, stderr := run(shipped, args...); code != 2 || !strings.Contains(stderr, "--simulate: this vfnet-driver is the shipped build and links no simulator; run vfnet-driver-sim") {
+			t.Errorf("shipped %v: exit %d, stderr %s", args, code, stderr)
+		}
+	}
+}
+
+// TestNoSimulator: without a Simulator (the shipped main), --simulate is
+// refused naming the flag and vfnet-driver-sim, its help says so, and
+// --simulate=false is the real kernel path.
+func TestNoSimulator(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.E810Host())
+	for _, args := range [][]string{
+		{"--simulate", "--sysfs-root", h.Root(), "--node-name", "n"},
+		{"inspect", "--simulate", "--sysfs-root", h.Root(), "--node-name", "n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := app.Main(args, &stdout, &stderr, nil)
+		if want := "--simulate: this vfnet-driver is the shipped build and links no simulator; run vfnet-driver-sim (cmd/vfnet-driver-sim) for a simulated host, or drop --simulate to act on this host's kernel\n"; code != 2 || !strings.HasSuffix(stderr.String(), want) {
+			t.Errorf("%v: exit %d, stderr %q, want it to end %q", args, code, stderr.String(), want)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"inspect", "--help"}} {
+		var stdout, stderr bytes.Buffer
+		app.Main(args, &stdout, &stderr, nil)
+		if !strings.Contains(stderr.String(), "not in this build, which links no simulator: vfnet-driver-sim") {
+			t.Errorf("%v: the help does not say --simulate is missing:\n%s", args, stderr.String())
+		}
+	}
+	missing := filepath.Join(t.TempDir(), "proc", "1", "ns", "net")
+	var stdout, stderr bytes.Buffer
+	code := app.Main([]string{"inspect", "--simulate=false", "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &stdout, &stderr, nil)
+	if code != 1 || !strings.Contains(stderr.String(), "--host-netns: network namespace "+missing) {
+		t.Errorf("--simulate=false: exit %d, stderr %s", code, stderr.String())
 	}
 }
 
@@ -206,7 +260,7 @@ func TestInspectCountsPreparedVFs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr)
+	code := app.Main([]string{"inspect", "--simulate", "--sysfs-root", root, "--config", writeFile(t, mixedConfig), "--node-name", "n", "--plugin-dir", pluginDir}, &stdout, &stderr, simulate.Open)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -231,7 +285,7 @@ func inspect(t *testing.T, h *simhost.Host, cfg string, extra ...string) (stdout
 	var out, errOut bytes.Buffer
 	args := append([]string{"inspect", "--simulate", "--sysfs-root", h.Root(), "--config", writeFile(t, cfg), "--node-name", "n",
 		"--dev-root", h.DevRoot(), "--proc-root", h.ProcRoot()}, extra...)
-	if code := Main(args, &out, &errOut); code != 0 {
+	if code := app.Main(args, &out, &errOut, simulate.Open); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	return out.String(), errOut.String()
@@ -369,7 +423,7 @@ func TestInspectWrongNetns(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "proc", "1", "ns", "net")
 	for _, sim := range []string{"--simulate", "--simulate=false"} {
 		var out, errOut bytes.Buffer
-		code := Main([]string{"inspect", sim, "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &out, &errOut)
+		code := app.Main([]string{"inspect", sim, "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &out, &errOut, simulate.Open)
 		if code != 1 || !strings.Contains(errOut.String(), "--host-netns: network namespace "+missing) || !strings.Contains(errOut.String(), "hostPID: true") {
 			t.Errorf("%s, missing namespace: exit %d, stderr %s", sim, code, errOut.String())
 		}

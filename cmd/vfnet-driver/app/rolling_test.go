@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -328,10 +328,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "vfnet-driver")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/vfnet-driver").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildCmd(t, "vfnet-driver-sim")
 	pf1 := simhost.E810PF("0000:3b:00.1", "enp59s0f1", 16)
 	pf1.VFOffset = 16 + 128 - 1
 	h, err := simhost.Build(simhost.TempDir(t), simhost.Spec{PFs: []simhost.PFSpec{simhost.E810PF("0000:3b:00.0", "enp59s0f0", 16), pf1}})
