@@ -126,7 +126,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 		return noSimulator("vfnet-driver inspect", stderr)
 	}
 	if !simulate {
-		sim = nil
+		sim = nil // from here, sim set means simulating
 	}
 	if *node == "" {
 		fmt.Fprintln(stderr, "vfnet-driver inspect: --node-name (or NODE_NAME) is required: the pool is named after the node")
@@ -309,7 +309,7 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 		return noSimulator("vfnet-driver", stderr)
 	}
 	if !f.simulate {
-		sim = nil
+		sim = nil // from here, sim set means simulating
 	}
 	if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver: logging flags: %v\n", err)
