@@ -2,7 +2,8 @@
 # whole flow on a simulated node against a real Kubernetes control plane.
 SHELL := /usr/bin/env bash
 GO ?= go
-CACHE ?= $(CURDIR)/.cache
+# VFNET_CACHE from the environment (the scripts' own variable) is honoured too.
+CACHE ?= $(or $(VFNET_CACHE),$(CURDIR)/.cache)
 export VFNET_CACHE := $(CACHE)
 # -count=1: several tests build and run the real binaries, which Go's test
 # cache cannot see, so a cached pass could hide a broken binary.
