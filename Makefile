@@ -27,9 +27,11 @@ deps:
 k8s-bin:
 	@test/tools/build.sh >/dev/null
 
+# vet -race type-checks against the same compiled packages as `go test -race`
+# (unit), instead of compiling the whole module once more without -race.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(NICE_BUILD) $(GO) vet ./...
+	$(NICE_BUILD) $(GO) vet -race ./...
 	cd test/kubevirt && $(NICE_BUILD) $(GO) vet ./...
 
 unit:
