@@ -8,6 +8,9 @@ export VFNET_CACHE := $(CACHE)
 # -count=1: several tests build and run the real binaries, which Go's test
 # cache cannot see, so a cached pass could hide a broken binary.
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
+# Each tier ends with one line of its wall and CPU time (its children's too),
+# so a slow CI run shows which tier took the machine.
+TIMED = TIMEFORMAT='== $@: %0R s wall, %0U s user + %0S s sys CPU'; time
 # CPU priority of the Go-only tiers under `make test` (see test:); empty alone.
 NICE_UNIT ?=
 NICE_BUILD ?=
@@ -31,11 +34,10 @@ k8s-bin:
 # (unit), instead of compiling the whole module once more without -race.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(NICE_BUILD) $(GO) vet -race ./...
-	cd test/kubevirt && $(NICE_BUILD) $(GO) vet ./...
+	$(TIMED) ( $(NICE_BUILD) $(GO) vet -race ./... && cd test/kubevirt && $(NICE_BUILD) $(GO) vet ./... )
 
 unit:
-	VFNET_K8S_BIN=$$(test/tools/build.sh) $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./...
+	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./...
 
 # The real-kernel tier (test/kernel): a Debian kernel under QEMU with emulated
 # igb SR-IOV NICs behind an emulated IOMMU. VFNET_KERNEL_CASES=a,b runs a subset.
@@ -44,10 +46,10 @@ kernel-deps:
 
 # The netns case runs the real driver against a control plane on the host.
 test-kernel: kernel-deps k8s-bin
-	VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
+	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(GO) test -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
 
 kubevirt-tests:
-	cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(NICE_BUILD) $(GO) test -count=1 -timeout 30m ./...
+	$(TIMED) ( cd test/kubevirt && GONOSUMDB=libvirt.org/go/libvirt $(NICE_BUILD) $(GO) test -count=1 -timeout 30m ./... )
 
 # containerd, its shim and ctr for the real-node tier, built once into
 # $(CACHE)/node-bin (about 4 CPU-minutes the first time).
@@ -57,7 +59,7 @@ node-bin:
 # The real-node tier alone: a real kubelet and containerd in a private
 # mount + network namespace, vfnet installed from manifests/ (test/node).
 test-node: deps k8s-bin node-bin
-	VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
+	$(TIMED) VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
 	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
 
 # The tiers mostly wait (control planes, QEMU, kubelet): run them side by side.
@@ -78,7 +80,7 @@ generate:
 
 # Fails when the committed protobuf code differs from what the pinned generators make.
 verify-generate:
-	$(NICE_BUILD) hack/generate.sh --check
+	$(TIMED) $(NICE_BUILD) hack/generate.sh --check
 
 bench: bench-binding
 	$(GO) test -run '^$$' -bench . -benchmem ./...
