@@ -18,6 +18,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bin="$root/.cache/bin"
 mkdir -p "$bin"
+# make test runs this (verify-generate) while go test runs it too
+# (sidecar/hooksapi): one at a time, so neither sees the other's half-done
+# generator install.
+exec 9>"$bin/.generate.lock"
+flock 9
 
 check=false
 case "${1:-}" in
@@ -64,6 +69,9 @@ PATH="$bin:$PATH" protoc -I . \
   "${protos[@]}"
 
 if $check; then
+  for p in "${protos[@]}"; do
+    [[ -s $out/${p%.proto}.pb.go ]] || { echo "protoc wrote no ${p%.proto}.pb.go into $out (generators in $bin: $(ls "$bin"))" >&2; exit 1; }
+  done
   rc=0
   for p in "${protos[@]}"; do
     for f in "${p%.proto}.pb.go" "${p%.proto}_grpc.pb.go"; do
