@@ -9,6 +9,10 @@
 # Generators are installed with `go install` into .cache/bin (ignored by git);
 # protoc comes from Debian's protobuf-compiler, installed if missing.
 set -euo pipefail
+# protoc talks to its plugins over pipes; started with stdin closed (CI runs
+# `.ci/run 0<&-`) a pipe takes fd 0, the plugin reads an empty request and
+# protoc exits 0 having written nothing. An open stdin avoids that.
+exec </dev/null
 
 PROTOC_GEN_GO_VERSION=v1.36.12      # same as google.golang.org/protobuf in go.mod
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
