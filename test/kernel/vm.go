@@ -174,6 +174,12 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	}
 	args = append(args,
 		"-machine", "q35,kernel-irqchip=split", "-accel", "tcg",
+		// No MONITOR/MWAIT: TCG runs a multi-vCPU guest's mwait as a pause,
+		// so idle vCPUs spun in acpi_processor_ffh_cstate_enter, and a boot
+		// on a loaded host stalled there for 8 minutes with init's
+		// usleep_range never woken (rehearsal, 2026-12-04). Without the
+		// feature the guest idles in HLT, which TCG sleeps on.
+		"-cpu", "qemu64,-monitor",
 		"-smp", "2", "-m", "768M",
 		"-object", "memory-backend-ram,id=m0,size=384M", "-object", "memory-backend-ram,id=m1,size=384M",
 		"-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", "node,nodeid=1,cpus=1,memdev=m1",

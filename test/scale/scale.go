@@ -57,6 +57,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
@@ -1287,7 +1288,7 @@ func (c *Cluster) cpu() map[string]time.Duration {
 		if err != nil {
 			continue
 		}
-		if d, err := procCPU(pid); err == nil {
+		if d, err := procmem.CPU(pid); err == nil {
 			out[name] = d
 		}
 	}
@@ -1304,32 +1305,6 @@ func (c *Cluster) cpuSince(before map[string]time.Duration) map[string]time.Dura
 		out[k] = v - before[k]
 	}
 	return out
-}
-
-// procCPU is a process's user+system time from /proc/<pid>/stat.
-func procCPU(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may contain spaces: fields follow the last ')'.
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: no ')'", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f))
-	}
-	// Fields 14 and 15 (utime, stime) are at 11 and 12 after the name;
-	// USER_HZ is 100 on every Linux ABI Go supports.
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
 // rss is a component's resident set size (VmRSS).
