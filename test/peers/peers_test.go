@@ -33,6 +33,7 @@ import (
 	"github.com/vfnet-io/vfnet/internal/pfnetns"
 	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
+	"github.com/vfnet-io/vfnet/pkg/ociimage"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
@@ -79,12 +80,11 @@ func peerSource(t *testing.T) string {
 	return src
 }
 
-// goBuild builds pkg in dir as vfnet's images are built: static
-// (CGO_ENABLED=0; a cgo build also maps ld.so and libc), -trimpath,
-// -ldflags=-s -w.
-func goBuild(t *testing.T, dir, out, pkg string, extra []string, env ...string) {
+// goBuild builds pkg in dir static (CGO_ENABLED=0; a cgo build also maps
+// ld.so and libc) with flags.
+func goBuild(t *testing.T, dir, out, pkg string, flags []string, env ...string) {
 	t.Helper()
-	args := append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", out}, extra...)
+	args := append(append([]string{"build"}, flags...), "-o", out)
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
@@ -275,12 +275,13 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 		vfnetName, shipped = "vfnet-driver-sim", false
 	}
 	vfnetBin := filepath.Join(bins, vfnetName)
-	goBuild(t, root, vfnetBin, "github.com/vfnet-io/vfnet/cmd/"+vfnetName, []string{"-tags", "grpcnotrace"})
+	goBuild(t, root, vfnetBin, "github.com/vfnet-io/vfnet/cmd/"+vfnetName, ociimage.GoBuildArgs())
 	peerBin := filepath.Join(bins, "dra-example-kubeletplugin")
 	// Its own module, outside this one: GOWORK=off, and go.mod may need
 	// updating without a vendor directory (-mod=mod). Nothing is written
 	// to this repository.
-	goBuild(t, src, peerBin, "./cmd/dra-example-kubeletplugin", nil, "GOWORK=off", "GOFLAGS=-mod=mod -buildvcs=false")
+	// The peer as vfnet's images are built, less vfnet's own grpcnotrace tag.
+	goBuild(t, src, peerBin, "./cmd/dra-example-kubeletplugin", []string{"-trimpath", "-ldflags=-s -w"}, "GOWORK=off", "GOFLAGS=-mod=mod -buildvcs=false")
 
 	plane := controlplane.StartForTest(t, controlplane.Options{})
 	client, err := plane.AdminClient()

@@ -90,11 +90,19 @@ func simulateFlag(fs *flag.FlagSet, p *bool, sim Simulator, help string) {
 	fs.BoolVar(p, "simulate", false, help)
 }
 
-// noSimulator is the error for --simulate on a build without a simulator.
-func noSimulator(cmd string, stderr io.Writer) int {
-	fmt.Fprintf(stderr, "%s: --simulate: this vfnet-driver is the shipped build and links no simulator; "+
-		"run %s for a simulated host, or drop --simulate to act on this host's kernel\n", cmd, SimBinary)
-	return 2
+// simulating is the simulator to run on: sim when --simulate was given,
+// nil (the kernel) when not, so that from here on sim != nil means
+// simulating. --simulate on a build without one is exit code 2.
+func simulating(simulate bool, sim Simulator, cmd string, stderr io.Writer) (Simulator, int) {
+	if !simulate {
+		return nil, 0
+	}
+	if sim == nil {
+		fmt.Fprintf(stderr, "%s: --simulate: this vfnet-driver is the shipped build and links no simulator; "+
+			"run %s for a simulated host, or drop --simulate to act on this host's kernel\n", cmd, SimBinary)
+		return nil, 2
+	}
+	return sim, 0
 }
 
 // alias registers another name for an existing flag (the manifests and
@@ -122,11 +130,9 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if simulate && sim == nil {
-		return noSimulator("vfnet-driver inspect", stderr)
-	}
-	if !simulate {
-		sim = nil // from here, sim set means simulating
+	sim, code := simulating(simulate, sim, "vfnet-driver inspect", stderr)
+	if code != 0 {
+		return code
 	}
 	if *node == "" {
 		fmt.Fprintln(stderr, "vfnet-driver inspect: --node-name (or NODE_NAME) is required: the pool is named after the node")
@@ -137,12 +143,12 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	links, closeLinks, err := openLinks(*root, *hostNetns, sim)
+	h, err := openHost(*root, *devRoot, *hostNetns, sim)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
 	}
-	defer closeLinks()
+	defer h.Close()
 	ctx := klog.NewContext(context.Background(), klog.NewKlogr().V(10)) // skips are printed below instead
 	host := sysfs.New(*root)
 	rep, err := host.DiscoverReport(ctx)
@@ -159,7 +165,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
 	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] },
-		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(links)})
+		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(h.Links)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -192,23 +198,6 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 
 const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
 	"(the default is the host init's, which a pod sees with hostPID: true)"
-
-// openLinks opens the VF link layer: netlink in the namespace hostNetns,
-// or with sim (--simulate) the simulated host's under root.
-func openLinks(root, hostNetns string, sim Simulator) (vflink.Links, func(), error) {
-	if sim == nil {
-		l, err := vflink.Open(hostNetns)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--host-netns: %w", err)
-		}
-		return l, func() { l.Close() }, nil
-	}
-	h, err := sim(root, "", hostNetns)
-	if err != nil {
-		return nil, nil, err
-	}
-	return h.Links, h.Close, nil
-}
 
 // resolver is discovery's Resolve over links.
 func resolver(links vflink.Links) func(string) error {
@@ -305,11 +294,9 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 		fmt.Fprintf(stderr, "vfnet-driver: unexpected arguments %q (the only subcommand is inspect)\n", fs.Args())
 		return 2
 	}
-	if f.simulate && sim == nil {
-		return noSimulator("vfnet-driver", stderr)
-	}
-	if !f.simulate {
-		sim = nil // from here, sim set means simulating
+	sim, code := simulating(f.simulate, sim, "vfnet-driver", stderr)
+	if code != 0 {
+		return code
 	}
 	if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver: logging flags: %v\n", err)
@@ -344,21 +331,20 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	return 0
 }
 
-// openHost opens the real kernel's side, or with sim (--simulate) the
-// simulated host's.
-func openHost(f driverFlags, sim Simulator) (*Host, error) {
+// openHost opens the real kernel's side (the VF link layer is netlink in
+// the namespace hostNetns), or with sim (--simulate) the simulated host's.
+func openHost(sysfsRoot, devRoot, hostNetns string, sim Simulator) (*Host, error) {
 	if sim == nil {
-		l, err := vflink.Open(f.hostNetns)
+		l, err := vflink.Open(hostNetns)
 		if err != nil {
 			return nil, fmt.Errorf("--host-netns: %w", err)
 		}
-		return &Host{Sysfs: sysfs.New(f.sysfsRoot), Writer: sysfs.RootWriter{Root: f.sysfsRoot}, Links: l, DevRoot: f.devRoot, Close: func() { l.Close() }}, nil
+		return &Host{Sysfs: sysfs.New(sysfsRoot), Writer: sysfs.RootWriter{Root: sysfsRoot}, Links: l, DevRoot: devRoot, Close: func() { l.Close() }}, nil
 	}
-	devRoot := f.devRoot
 	if devRoot == "/dev" {
 		devRoot = "" // the simulated host's own
 	}
-	return sim(f.sysfsRoot, devRoot, f.hostNetns)
+	return sim(sysfsRoot, devRoot, hostNetns)
 }
 
 func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, error) {
@@ -396,7 +382,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	if _, err := loadConfig(f.config); err != nil {
 		return err
 	}
-	h, err := openHost(f, sim)
+	h, err := openHost(f.sysfsRoot, f.devRoot, f.hostNetns, sim)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/vfnet-io/vfnet/internal/pfnetns"
 	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
+	"github.com/vfnet-io/vfnet/pkg/ociimage"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
@@ -131,7 +132,7 @@ func TestDriverOnAPIServer(t *testing.T) {
 	// Built as the Dockerfile builds it (static, CGO_ENABLED=0: a cgo build
 	// also maps ld.so and libc), so the RSS below is the shipped binary's (or
 	// the simulator-carrying build's, as the log says).
-	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags=-s -w", "-o", bin, "github.com/vfnet-io/vfnet/cmd/"+name)
+	build := exec.Command("go", append(append([]string{"build"}, ociimage.GoBuildArgs()...), "-o", bin, "github.com/vfnet-io/vfnet/cmd/"+name)...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
