@@ -1008,7 +1008,8 @@ func (c *Cluster) Schedule(ctx context.Context, k Kind) (Phase, error) {
 	ph.Duration = time.Since(start)
 	ph.CPU = c.cpuSince(cpu0)
 	// kube-scheduler counts an attempt after its binding call returned,
-	// so the last ones may not be counted yet when the pods show bound.
+	// so the last ones may not be counted yet when the pods show bound
+	// (a CI-loaded scheduler can take seconds to get there).
 	for wait := time.Now(); ; time.Sleep(100 * time.Millisecond) {
 		attempts, err := c.schedulerAttempts(ctx)
 		if err != nil {
@@ -1018,7 +1019,7 @@ func (c *Cluster) Schedule(ctx context.Context, k Kind) (Phase, error) {
 		for r, v := range attempts {
 			ph.Attempts[r] = v - attempts0[r]
 		}
-		if ph.Attempts["scheduled"] >= float64(ph.Pods) || time.Since(wait) > 5*time.Second {
+		if ph.Attempts["scheduled"] >= float64(ph.Pods) || time.Since(wait) > 30*time.Second {
 			break
 		}
 	}
