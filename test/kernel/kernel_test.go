@@ -92,12 +92,17 @@ func TestRealKernel(t *testing.T) {
 		lay.APIServer = net.JoinHostPort(layout.GuestGateway, u.Port())
 		kubeconfig = plane.AdminKubeconfig
 	}
+	virt := slices.ContainsFunc(cases, layout.NeedsVirt)
 	step := time.Now()
-	bins := buildGuestBinaries(t, repo, work)
+	bins := buildGuestBinaries(t, repo, work, virt)
 	t.Logf("guest binaries built: %s", time.Since(step).Round(time.Millisecond))
+	img := Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig}
+	if virt {
+		img.Virt = virtImage(t, repo, cache, env, work, bins)
+	}
 	step = time.Now()
 	initrd := filepath.Join(env.Dir, "initramfs.cpio")
-	if err := env.BuildInitramfs(initrd, Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig}); err != nil {
+	if err := env.BuildInitramfs(initrd, img); err != nil {
 		t.Fatalf("build the guest initramfs: %v", err)
 	}
 	st, _ := os.Stat(initrd)
@@ -187,29 +192,66 @@ func saveTrace(t *testing.T, console, path string) {
 	}
 }
 
-type guestBinaries struct{ init, driver string }
+type guestBinaries struct{ init, driver, binding, launcher string }
 
 // buildGuestBinaries builds the case binary (the guest's /init) and
-// vfnet-driver, static (CGO_ENABLED=0): the guest has no C library of its own.
-func buildGuestBinaries(t *testing.T, repo, dir string) guestBinaries {
+// vfnet-driver, static (CGO_ENABLED=0): the guest has no C library of its
+// own. With virt, also vfnet-binding and test/kubevirt's kernellauncher.
+func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries {
 	t.Helper()
-	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver")}
+	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver"),
+		binding: filepath.Join(dir, "vfnet-binding"), launcher: filepath.Join(dir, "kernellauncher")}
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	for _, args := range [][]string{
-		// Both as the images are built (-trimpath, grpcnotrace, no cgo): the
-		// three share every compiled package, which on a cold Go cache is
-		// most of this tier's build.
-		{"test", "-c", "-trimpath", "-tags", "kernelguest,grpcnotrace", "-o", b.init, "./test/kernel/guest"},
-		{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.driver, "./cmd/vfnet-driver"},
-	} {
-		cmd := exec.Command(goBin, args...)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=")
+	type goBuild struct {
+		dir  string
+		args []string
+	}
+	builds := []goBuild{
+		// As the images are built (-trimpath, grpcnotrace, no cgo): they
+		// share every compiled package, which on a cold Go cache is most of
+		// this tier's build.
+		{repo, []string{"test", "-c", "-trimpath", "-tags", "kernelguest,grpcnotrace", "-o", b.init, "./test/kernel/guest"}},
+		{repo, []string{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.driver, "./cmd/vfnet-driver"}},
+	}
+	if virt {
+		builds = append(builds,
+			goBuild{repo, []string{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.binding, "./cmd/vfnet-binding"}},
+			// As make kubevirt-tests builds test/kubevirt (static, -trimpath).
+			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.launcher, "./cmd/kernellauncher"}})
+	}
+	for _, bd := range builds {
+		cmd := exec.Command(goBin, bd.args...)
+		cmd.Dir = bd.dir
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=", "GONOSUMDB=libvirt.org/go/libvirt")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Fatalf("go %s (in %s): %v\n%s", strings.Join(bd.args, " "), bd.dir, err, out)
 		}
 	}
 	return b
+}
+
+// virtImage prepares what the vm case adds to the guest: libvirt from
+// hack/virt-deps.sh, the binaries, the example VM and the VM's initramfs.
+func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins guestBinaries) *VirtImage {
+	t.Helper()
+	start := time.Now()
+	deps := exec.Command(filepath.Join(repo, "hack", "virt-deps.sh"))
+	deps.Env = append(os.Environ(), "VFNET_CACHE="+cache)
+	if out, err := deps.CombinedOutput(); err != nil {
+		t.Fatalf("hack/virt-deps.sh failed (%v): the vm case cannot run:\n%s", err, out)
+	}
+	v, err := LoadVirt(filepath.Join(cache, "virt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Binding, v.Launcher = bins.binding, bins.launcher
+	v.ExampleVM = filepath.Join(repo, "manifests", "examples", "vm.yaml")
+	v.InnerInitrd = filepath.Join(work, "inner-initrd.cpio")
+	if err := env.BuildInnerInitramfs(v.InnerInitrd); err != nil {
+		t.Fatalf("build the VM's initramfs: %v", err)
+	}
+	t.Logf("virt-deps and the VM's initramfs: %s", time.Since(start).Round(time.Millisecond))
+	return v
 }
 
 func tail(s string, n int) string {

@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -77,7 +80,194 @@ type Image struct {
 	Layout layout.Layout
 	// Kubeconfig, when set, is copied to layout.Kubeconfig.
 	Kubeconfig string
+	// Virt, when set, adds libvirt, QEMU and the VM's files (the vm case).
+	Virt *VirtImage
 }
+
+// VirtImage is what the vm case runs inside the guest: libvirt and QEMU at
+// the paths their packages install them to (libvirt looks for its driver
+// modules, CPU map and helpers there, QEMU for its firmware), and the VM.
+type VirtImage struct {
+	// Root is where hack/virt-deps.sh unpacked libvirt.
+	Root string
+	// Libs are the library directories of Root.
+	Libs []string
+	// Binding is the static vfnet-binding; Launcher test/kubevirt's
+	// kernellauncher; ExampleVM manifests/examples/vm.yaml.
+	Binding, Launcher, ExampleVM string
+	// InnerInitrd is the VM's own initramfs (BuildInnerInitramfs); the
+	// VM's kernel is the guest's.
+	InnerInitrd string
+}
+
+// LoadVirt reads dir/env, the file hack/virt-deps.sh writes last.
+func LoadVirt(dir string) (*VirtImage, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "env"))
+	if err != nil {
+		return nil, fmt.Errorf("read what hack/virt-deps.sh prepared: %w", err)
+	}
+	v := &VirtImage{}
+	for _, l := range strings.Split(string(data), "\n") {
+		if k, val, ok := strings.Cut(l, "="); ok {
+			switch k {
+			case "VIRT_ROOT":
+				v.Root = val
+			case "VIRT_LIBS":
+				v.Libs = filepath.SplitList(val)
+			}
+		}
+	}
+	if v.Root == "" {
+		return nil, fmt.Errorf("%s/env has no VIRT_ROOT: rerun hack/virt-deps.sh", dir)
+	}
+	return v, nil
+}
+
+// virtPrograms are the libvirt files the guest runs or loads, by their
+// installed path (relative to VirtImage.Root).
+var virtPrograms = []string{
+	"usr/sbin/libvirtd", "usr/sbin/virtlogd", "usr/bin/virsh",
+	"usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so",
+}
+
+// addVirt adds libvirt, QEMU (the one that runs the guest: QEMU 10), their
+// libraries and data, the VM's files and the launcher image's users.
+func (e *Env) addVirt(c *CPIO, v *VirtImage) error {
+	qemuRoot := filepath.Dir(filepath.Dir(filepath.Dir(e.QEMU))) // .../usr/bin/qemu-system-x86_64
+	dirs := append(append(filepath.SplitList(e.QEMULibPath), v.Libs...), e.GuestLibs...)
+	libs := map[string]string{}
+	add := func(bin string) error {
+		l, err := SharedLibs(bin, dirs)
+		if err != nil {
+			return err
+		}
+		for g, h := range l {
+			if _, ok := libs[g]; !ok {
+				libs[g] = h
+			}
+		}
+		return nil
+	}
+	if err := add(e.QEMU); err != nil {
+		return fmt.Errorf("QEMU: %w", err)
+	}
+	c.CopyFile("/usr/bin/qemu-system-x86_64", e.QEMU)
+	for _, p := range virtPrograms {
+		src := filepath.Join(v.Root, p)
+		if err := add(src); err != nil {
+			return fmt.Errorf("libvirt: %w", err)
+		}
+		c.CopyFile("/"+p, src)
+	}
+	for _, g := range slices.Sorted(maps.Keys(libs)) {
+		c.CopyFile(g, libs[g])
+	}
+	// QEMU looks for firmware in its data directory only (libvirt passes no
+	// -L): SeaBIOS's files go there too, as Debian's symlinks put them.
+	for _, tree := range []struct{ src, dst string }{
+		{filepath.Join(qemuRoot, "usr/share/qemu"), "/usr/share/qemu"},
+		{filepath.Join(qemuRoot, "usr/share/seabios"), "/usr/share/qemu"},
+		{filepath.Join(v.Root, "usr/share/libvirt/cpu_map"), "/usr/share/libvirt/cpu_map"},
+	} {
+		if err := copyTree(c, tree.src, tree.dst); err != nil {
+			return err
+		}
+	}
+	c.CopyFile(layout.Binding, v.Binding)
+	c.CopyFile(layout.Launcher, v.Launcher)
+	c.CopyFile(layout.ExampleVM, v.ExampleVM)
+	c.CopyFile(path.Join(layout.InnerDir, layout.InnerKernel), e.Vmlinux)
+	c.CopyFile(path.Join(layout.InnerDir, layout.InnerInitrd), v.InnerInitrd)
+	// virt-launcher's image has these users (uid 107 runs the non-root VM).
+	c.File("/etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nqemu:x:107:107:qemu user:/home/qemu:/sbin/nologin\n"))
+	c.File("/etc/group", 0o644, []byte("root:x:0:\nkvm:x:36:qemu\nqemu:x:107:\n"))
+	return nil
+}
+
+// copyTree adds the regular files and symlinks under src as dst.
+func copyTree(c *CPIO, src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("copy %s into the guest: %w", src, err)
+		}
+		rel, _ := filepath.Rel(src, p)
+		g := path.Join(dst, filepath.ToSlash(rel))
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			t, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			c.Symlink(g, t)
+		case d.Type().IsRegular():
+			c.CopyFile(g, p)
+		}
+		return nil
+	})
+}
+
+// BuildInnerInitramfs writes the VM's own initramfs to out: busybox, the
+// igbvf module, and an init that reports on its console every Intel
+// 82576 VF (8086:10ca) it sees and the MAC its igbvf netdev has, again at
+// each change (the VF leaving and coming back with hot-plug).
+func (e *Env) BuildInnerInitramfs(out string) error {
+	mods, err := LoadModules(e.Modules)
+	if err != nil {
+		return err
+	}
+	order, err := mods.Order([]string{"igbvf"})
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	c := NewCPIO(w)
+	for _, d := range []string{"dev", "proc", "sys", "bin", "lib/modules"} {
+		c.Dir(d, 0o755)
+	}
+	c.CopyFile(layout.Busybox, e.Busybox)
+	c.Symlink("/bin/sh", "busybox")
+	for i, p := range order {
+		c.CopyFile(fmt.Sprintf("/lib/modules/%02d-%s.ko", i, ModuleName(p)), p)
+	}
+	c.File("/init", 0o755, []byte(innerInit))
+	if err := c.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// innerInit runs in the VM (busybox sh, applets by name).
+const innerInit = `#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+echo "` + layout.MarkInner + ` up $(cut -d' ' -f1 /proc/uptime)"
+for m in /lib/modules/*.ko; do insmod "$m" || echo "` + layout.MarkInner + ` insmod $m failed"; done
+last=unset
+while :; do
+  cur=""
+  for d in /sys/bus/pci/devices/*; do
+    [ "$(cat $d/vendor)" = 0x8086 ] && [ "$(cat $d/device)" = 0x10ca ] || continue
+    mac=none
+    for n in $d/net/*; do [ -e "$n/address" ] && mac=$(cat "$n/address"); done
+    cur="$cur ${d##*/}=$mac"
+  done
+  if [ "$cur" != "$last" ]; then
+    echo "` + layout.MarkInner + ` vfs${cur:- none} at $(cut -d' ' -f1 /proc/uptime)"
+    last=$cur
+  fi
+  sleep 1
+done
+`
 
 // BuildInitramfs writes the guest's initramfs to out.
 func (e *Env) BuildInitramfs(out string, img Image) error {
@@ -124,6 +314,12 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 		c.CopyFile(g, libs[g])
 	}
 	c.File(layout.File, 0o644, lay)
+	if img.Virt != nil {
+		if err := e.addVirt(c, img.Virt); err != nil {
+			f.Close()
+			return fmt.Errorf("the vm case's files: %w", err)
+		}
+	}
 	if img.Kubeconfig != "" {
 		c.CopyFile(layout.Kubeconfig, img.Kubeconfig)
 	}
@@ -172,6 +368,12 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	if len(cases) > 0 {
 		cmdline = append(cmdline, layout.CasesArg+"="+strings.Join(cases, ","))
 	}
+	// MiB per NUMA node. The vm case's initramfs is about 250 MiB larger,
+	// and its VM's memory is locked for VFIO.
+	node := 384
+	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) {
+		node = 1024
+	}
 	args = append(args,
 		"-machine", "q35,kernel-irqchip=split", "-accel", "tcg",
 		// No MONITOR/MWAIT: TCG runs a multi-vCPU guest's mwait as a pause,
@@ -180,8 +382,8 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		// usleep_range never woken (rehearsal, 2026-12-04). Without the
 		// feature the guest idles in HLT, which TCG sleeps on.
 		"-cpu", "qemu64,-monitor",
-		"-smp", "2", "-m", "768M",
-		"-object", "memory-backend-ram,id=m0,size=384M", "-object", "memory-backend-ram,id=m1,size=384M",
+		"-smp", "2", "-m", fmt.Sprintf("%dM", 2*node),
+		"-object", fmt.Sprintf("memory-backend-ram,id=m0,size=%dM", node), "-object", fmt.Sprintf("memory-backend-ram,id=m1,size=%dM", node),
 		"-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", "node,nodeid=1,cpus=1,memdev=m1",
 		"-nodefaults", "-display", "none", "-no-reboot", "-serial", "stdio", "-monitor", "none",
 		"-kernel", e.Vmlinux, "-initrd", initrd, "-append", strings.Join(cmdline, " "),

@@ -45,6 +45,7 @@ func caseTests() map[string]string {
 		"sharedgroup": "TestSharedIOMMUGroup",
 		"trace":       "TestKernelTrace",
 		"recreate":    "TestRecreatedVFs",
+		"vm":          "TestVMOnVF",
 	}
 }
 
@@ -55,6 +56,10 @@ func TestMain(m *testing.M) {
 	}
 	if len(os.Args) > 2 && os.Args[1] == execInNetnsArg {
 		execInNetns(os.Args[2], os.Args[3:])
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == execInPodArg {
+		execInPod(os.Args[2])
 		return
 	}
 	os.Exit(m.Run())

@@ -29,6 +29,21 @@ const (
 	MarkInitStarted = "vfnet init: started"
 	MarkInitReady   = "vfnet init: machine ready"
 	MarkInitFailed  = "vfnet init: machine setup failed"
+	// Binding is the static vfnet-binding binary (the vm case).
+	Binding = "/usr/bin/vfnet-binding"
+	// Launcher is test/kubevirt's kernellauncher: KubeVirt v1.9's converter,
+	// hook manager and virt-launcher's define/start steps (the vm case).
+	Launcher = "/usr/bin/vfnet-kernellauncher"
+	// ExampleVM is manifests/examples/vm.yaml, the VM the vm case runs.
+	ExampleVM = "/etc/vfnet/vm.yaml"
+	// InnerDir holds the VM's own kernel (vmlinux, the guest's kernel) and
+	// initramfs (InnerInitrd), the kernel-boot container's files.
+	InnerDir = "/usr/share/vfnet-inner"
+	// InnerKernel and InnerInitrd are their names in InnerDir.
+	InnerKernel = "vmlinux"
+	InnerInitrd = "initrd"
+	// MarkInner starts the lines the VM's own init prints on its serial console.
+	MarkInner = "VFNET-INNER"
 	// QuietConsoleLevel is the console log level the init sets once the
 	// machine is ready: the boot is verbose (a hang shows where it
 	// stopped), the cases see only the kernel's warnings and worse.
@@ -82,7 +97,11 @@ const (
 
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
-func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" }
+func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" || c == "vm" }
+
+// NeedsVirt reports whether a case runs libvirt and QEMU inside the guest
+// (their files make the initramfs about 250 MiB larger).
+func NeedsVirt(c string) bool { return c == "vm" }
 
 // PF returns the PF with role, or false.
 func (l Layout) PF(role string) (PF, bool) {
@@ -110,5 +129,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "vm"}
 }

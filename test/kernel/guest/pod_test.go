@@ -1,0 +1,96 @@
+//go:build kernelguest
+
+package guest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// execInPodArg makes this binary a container runtime for one container of
+// the vm case's launcher pod: it takes a containerSpec (JSON) after it,
+// makes a mount namespace with the pod's volumes and the CDI mounts bound
+// at their container paths, drops to the container's user and execs the
+// container's program.
+const execInPodArg = "-vfnet-exec-in-pod"
+
+// bind is one mount of a container: a pod volume or a CDI mount.
+type bind struct {
+	Source string `json:"source"`
+	Target string `json:"target"`
+}
+
+// containerSpec is what execInPod needs.
+type containerSpec struct {
+	Binds []bind   `json:"binds"`
+	UID   int      `json:"uid"`
+	Argv  []string `json:"argv"`
+	Env   []string `json:"env"`
+}
+
+func execInPod(specJSON string) {
+	var s containerSpec
+	err := json.Unmarshal([]byte(specJSON), &s)
+	if err == nil {
+		err = enterPod(s)
+	}
+	fmt.Fprintf(os.Stderr, "run container %v: %v\n", s.Argv, err)
+	os.Exit(1)
+}
+
+func enterPod(s containerSpec) error {
+	// The namespace is the calling thread's; execve keeps it.
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare the mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	for _, b := range s.Binds {
+		st, err := os.Stat(b.Source)
+		if err != nil {
+			return err
+		}
+		// The mount point is created on the guest's root file system, which
+		// every mount namespace shares: an empty directory or file.
+		if st.IsDir() {
+			err = os.MkdirAll(b.Target, 0o755)
+		} else if err = os.MkdirAll(filepath.Dir(b.Target), 0o755); err == nil {
+			var f *os.File
+			if f, err = os.OpenFile(b.Target, os.O_CREATE|os.O_RDONLY, 0o644); err == nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", b.Target, err)
+		}
+		if err := unix.Mount(b.Source, b.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s at %s: %w", b.Source, b.Target, err)
+		}
+	}
+	if s.UID != 0 {
+		// The launcher pod's containers run as 107:107 (non-root VMs).
+		if err := syscall.Setgroups([]int{s.UID}); err != nil {
+			return fmt.Errorf("setgroups: %w", err)
+		}
+		if err := syscall.Setresgid(s.UID, s.UID, s.UID); err != nil {
+			return fmt.Errorf("setresgid %d: %w", s.UID, err)
+		}
+		if err := syscall.Setresuid(s.UID, s.UID, s.UID); err != nil {
+			return fmt.Errorf("setresuid %d: %w", s.UID, err)
+		}
+	}
+	env := append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
+	if err := unix.Exec(s.Argv[0], s.Argv, env); err != nil {
+		return fmt.Errorf("exec %s: %w", strings.Join(s.Argv, " "), err)
+	}
+	return nil
+}

@@ -1,0 +1,733 @@
+//go:build kernelguest
+
+package guest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	ocispec "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	"libvirt.org/go/libvirtxml"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
+)
+
+// The example VM (manifests/examples/vm.yaml) and what KubeVirt names for it.
+const (
+	vmNamespace = "default"
+	vmName      = "vm-physnet-a"
+	vmIface     = "physnet-a"
+	vmMAC       = "02:00:00:00:00:01"
+	// vmVLAN is the VLAN of the example's ResourceClaimTemplate
+	// (vf-physnet-a-vlan100).
+	vmVLAN = 100
+	// vmPodClaim and vmRequest name the VM's claim in the pod
+	// (spec.resourceClaims[].name) and its request.
+	vmPodClaim = "vf"
+	vmRequest  = "vf"
+	// domainName is virt-launcher's "<namespace>_<name>".
+	domainName = vmNamespace + "_" + vmName
+	// qemuUID runs the non-root launcher pod's containers.
+	qemuUID = 107
+	// launcherPodUID stands for the launcher pod's UID (its kubelet
+	// volume directory).
+	launcherPodUID = "6b1d4b52-9c3e-4e47-8f8e-vm0physneta1"
+	// vmMemory is the VM's guest memory (the example asks 1Gi; the test
+	// guest has 2 GiB in all).
+	vmMemory = "256Mi"
+	// vmKernelArgs boot the VM's kernel (the guest's own) on its serial
+	// console, which KubeVirt logs (virt-serial0-log).
+	vmKernelArgs = "console=ttyS0 panic=-1 no_timer_check quiet"
+)
+
+// launcherPod is the virt-launcher pod of the example VM as the kubelet
+// and the container runtime would lay it out: its emptyDir volumes under
+// the kubelet pods dir, a mount namespace per container.
+type launcherPod struct {
+	podsDir string
+	vols    map[string]string // volume name -> node path
+	procs   []*podProc
+}
+
+// podVolumes are the launcher pod's emptyDirs the case needs, with their
+// mount paths in the compute container (virt-controller's TemplateService).
+var podVolumes = map[string]string{
+	"private":              "/var/run/kubevirt-private",
+	"public":               "/var/run/kubevirt",
+	"ephemeral-disks":      "/var/run/kubevirt-ephemeral-disks",
+	"libvirt-runtime":      "/var/run/libvirt",
+	"hook-sidecar-sockets": "/var/run/kubevirt-hooks",
+	"kernel-boot-volume":   "/var/run/kubevirt-kernel-boot",
+}
+
+func newLauncherPod(t *testing.T, podsDir string) *launcherPod {
+	t.Helper()
+	p := &launcherPod{podsDir: podsDir, vols: map[string]string{}}
+	for name := range podVolumes {
+		d := filepath.Join(podsDir, launcherPodUID, "volumes", "kubernetes.io~empty-dir", name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// fsGroup 107 makes the emptyDirs writable for the containers.
+		if err := os.Chown(d, qemuUID, qemuUID); err != nil {
+			t.Fatal(err)
+		}
+		p.vols[name] = d
+	}
+	t.Cleanup(func() { p.stopAll(t) })
+	return p
+}
+
+func (p *launcherPod) runtimeDir() string { return attach.RuntimeDir(p.podsDir, launcherPodUID) }
+
+// binds are the volume mounts of a container, plus extra.
+func (p *launcherPod) binds(names []string, extra ...bind) []bind {
+	var out []bind
+	for _, n := range names {
+		out = append(out, bind{Source: p.vols[n], Target: podVolumes[n]})
+	}
+	return append(out, extra...)
+}
+
+// podProc is one program running in a container of the pod.
+type podProc struct {
+	name   string
+	cmd    *exec.Cmd
+	out    *syncBuf
+	exited chan error
+	done   bool
+}
+
+// start runs argv as uid 107 in a mount namespace with binds.
+func (p *launcherPod) start(t *testing.T, name string, binds []bind, env []string, argv ...string) *podProc {
+	t.Helper()
+	spec, err := json.Marshal(containerSpec{Binds: binds, UID: qemuUID, Argv: argv, Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := &podProc{name: name, cmd: exec.Command("/proc/self/exe", execInPodArg, string(spec)), out: &syncBuf{}, exited: make(chan error, 1)}
+	pp.cmd.Stdout, pp.cmd.Stderr = pp.out, pp.out
+	if err := pp.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { pp.exited <- pp.cmd.Wait() }()
+	p.procs = append(p.procs, pp)
+	return pp
+}
+
+// wait waits for a program that ends by itself (the launcher).
+func (pp *podProc) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-pp.exited:
+		pp.done = true
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("%s did not finish within %s; its output:\n%s", pp.name, timeout, pp.out.String())
+		return nil
+	}
+}
+
+// stop SIGTERMs a program and waits for it.
+func (pp *podProc) stop() error {
+	if pp.done {
+		return nil
+	}
+	pp.done = true
+	_ = pp.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-pp.exited:
+		return err
+	case <-time.After(30 * time.Second):
+		_ = pp.cmd.Process.Kill()
+		<-pp.exited
+		return fmt.Errorf("%s did not stop within 30s of SIGTERM", pp.name)
+	}
+}
+
+func (p *launcherPod) stopAll(t *testing.T) {
+	for _, pp := range slices.Backward(p.procs) {
+		if err := pp.stop(); err != nil && !pp.expectedExit(err) {
+			t.Logf("%s: %v", pp.name, err)
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", pp.name, pp.out.String())
+		}
+	}
+}
+
+func (pp *podProc) expectedExit(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGTERM
+}
+
+// cdiEdits resolves the CDI devices the driver returned for the claim
+// (its VF spec and the kubeletplugin helper's metadata spec) as a
+// container runtime does: the device nodes and mounts they add.
+func cdiEdits(t *testing.T, cdiDir string, ids []string) *ocispec.Spec {
+	t.Helper()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI specs in %s: %v", cdiDir, err)
+	}
+	spec := &ocispec.Spec{Linux: &ocispec.Linux{}, Process: &ocispec.Process{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		t.Fatalf("inject CDI devices %v (unresolved %v): %v", ids, unresolved, err)
+	}
+	return spec
+}
+
+// prepareVFIO is what virt-handler does for a non-root VMI's VFIO devices
+// (KubeVirt v1.9.0 pkg/virt-handler/non-root.go prepareVFIO): the
+// container's /dev/vfio/vfio becomes 0666 and every group node is chowned
+// to 107.
+func prepareVFIO(t *testing.T, nodes []ocispec.LinuxDevice) []string {
+	t.Helper()
+	var groups []string
+	for _, n := range nodes {
+		if !strings.HasPrefix(n.Path, "/dev/vfio/") {
+			continue
+		}
+		if n.Path == "/dev/vfio/vfio" {
+			if err := os.Chmod(n.Path, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.Chown(n.Path, qemuUID, qemuUID); err != nil {
+			t.Fatal(err)
+		}
+		groups = append(groups, n.Path)
+	}
+	if len(groups) == 0 {
+		t.Fatalf("the CDI spec names no VFIO group node: %+v", nodes)
+	}
+	return groups
+}
+
+// vmClaim creates the claim the ResourceClaim controller makes from the
+// VM's template (the pod-claim-name annotation decides where the metadata
+// is mounted), allocated to vf, with the template's VLAN and the VM's MAC.
+func vmClaim(t *testing.T, ctx context.Context, kube kubernetes.Interface, vf sysfs.VF) *drapb.Claim {
+	t.Helper()
+	c := claim(vmName+"-vf-x7k2p", fmt.Sprintf(`{%s,"mac":%q,"vlan":%d}`, vfConfigHead, vmMAC, vmVLAN), vf)
+	c.Annotations = map[string]string{resourceapi.PodResourceClaimAnnotation: vmPodClaim}
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: vmRequest, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
+	c.Status.Allocation.Devices.Results[0].Request = vmRequest
+	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
+	status := c.Status
+	c.Status = resourceapi.ResourceClaimStatus{}
+	c.UID = ""
+	created, err := kube.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create claim: %v", err)
+	}
+	created.Status = status
+	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("allocate claim: %v", err)
+	}
+	return &drapb.Claim{Namespace: created.Namespace, Name: created.Name, Uid: string(created.UID)}
+}
+
+// libvirtConn is a root client of the pod's libvirt session daemon, as the
+// node reaches it (the socket path is too long for sun_path: dialled
+// through an O_PATH descriptor of its directory, as attach.SessionDialer).
+func libvirtConn(t *testing.T, runtimeDir string) *libvirt.Libvirt {
+	t.Helper()
+	fd, err := unix.Open(runtimeDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	lv := libvirt.NewWithDialer(dialerFunc(func() (net.Conn, error) {
+		return net.DialTimeout("unix", fmt.Sprintf("/proc/self/fd/%d/%s", fd, attach.SocketName), 10*time.Second)
+	}))
+	if err := lv.ConnectToURI(libvirt.QEMUSession); err != nil {
+		t.Fatalf("connect to the pod's libvirt: %v", err)
+	}
+	t.Cleanup(func() { _ = lv.Disconnect() })
+	return lv
+}
+
+type dialerFunc func() (net.Conn, error)
+
+func (f dialerFunc) Dial() (net.Conn, error) { return f() }
+
+// liveDomain reads and parses the running domain.
+func liveDomain(t *testing.T, lv *libvirt.Libvirt) (libvirt.Domain, *libvirtxml.Domain, string) {
+	t.Helper()
+	dom, err := lv.DomainLookupByName(domainName)
+	if err != nil {
+		t.Fatalf("look up domain %s: %v", domainName, err)
+	}
+	x, err := lv.DomainGetXMLDesc(dom, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(x); err != nil {
+		t.Fatal(err)
+	}
+	return dom, &d, x
+}
+
+// vfHostdev returns the domain's hostdev with alias, or nil.
+func vfHostdev(d *libvirtxml.Domain, alias string) *libvirtxml.DomainHostdev {
+	if d.Devices == nil {
+		return nil
+	}
+	for i, h := range d.Devices.Hostdevs {
+		if h.Alias != nil && h.Alias.Name == alias {
+			return &d.Devices.Hostdevs[i]
+		}
+	}
+	return nil
+}
+
+// freeRootPorts lists the pcie-root-port controllers (by index) that no
+// device sits behind: where a hot-plugged device can go. Every device's
+// guest PCI address names the controller index it sits behind as its bus.
+func freeRootPorts(d *libvirtxml.Domain, raw string) []uint {
+	busy := map[uint]bool{}
+	for _, m := range pciBusAttr.FindAllStringSubmatch(raw, -1) {
+		if n, err := strconv.ParseUint(m[1], 0, 32); err == nil {
+			busy[uint(n)] = true
+		}
+	}
+	var free []uint
+	for _, c := range d.Devices.Controllers {
+		if c.Type == "pci" && c.Model == "pcie-root-port" && c.Index != nil && !busy[*c.Index] {
+			free = append(free, *c.Index)
+		}
+	}
+	return free
+}
+
+var pciBusAttr = regexp.MustCompile(`<address type=["']pci["'][^>]*\sbus=["'](0x[0-9a-fA-F]+|[0-9]+)["']`)
+
+// qmpDevice is a device of QEMU's query-pci.
+type qmpDevice struct {
+	Bus, Slot, Function int
+	ID                  struct{ Vendor, Device int }
+	QdevID              string `json:"qdev_id"`
+	Bridge              *struct {
+		Devices []qmpDevice
+	} `json:"pci_bridge"`
+}
+
+// qmpVF is where QEMU's own PCI model has the VF: the device with the
+// 82576 VF's IDs (read by QEMU from the real VF's config space through
+// VFIO), and the qdev id of the bridge it sits behind.
+type qmpVF struct {
+	QdevID, Port string
+	Slot         int
+}
+
+// queryVFs asks QEMU (QMP query-pci, through libvirt's monitor
+// pass-through) for every 8086:10ca device.
+func queryVFs(t *testing.T, lv *libvirt.Libvirt, dom libvirt.Domain) ([]qmpVF, string) {
+	t.Helper()
+	out, err := lv.QEMUDomainMonitorCommand(dom, `{"execute":"query-pci"}`, 0)
+	if err != nil {
+		t.Fatalf("QMP query-pci: %v", err)
+	}
+	var resp struct {
+		Return []struct{ Devices []qmpDevice }
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("QMP query-pci answer %q: %v", out, err)
+	}
+	var vfs []qmpVF
+	var walk func(port string, ds []qmpDevice)
+	walk = func(port string, ds []qmpDevice) {
+		for _, d := range ds {
+			if d.ID.Vendor == 0x8086 && d.ID.Device == 0x10ca {
+				vfs = append(vfs, qmpVF{QdevID: d.QdevID, Port: port, Slot: d.Slot})
+			}
+			if d.Bridge != nil {
+				walk(d.QdevID, d.Bridge.Devices)
+			}
+		}
+	}
+	for _, b := range resp.Return {
+		walk("pcie.0", b.Devices)
+	}
+	return vfs, out
+}
+
+// checkVFInQEMU checks that QEMU holds the VF as the domain's hostdev
+// alias, behind the root port and slot libvirt assigned it, and returns
+// the root port's controller index.
+func checkVFInQEMU(t *testing.T, lv *libvirt.Libvirt, alias string) uint {
+	t.Helper()
+	dom, d, _ := liveDomain(t, lv)
+	h := vfHostdev(d, alias)
+	if h == nil || h.Address == nil || h.Address.PCI == nil || h.Address.PCI.Bus == nil || h.Address.PCI.Slot == nil {
+		t.Fatalf("the live domain has no hostdev %s with a guest PCI address", alias)
+	}
+	bus, slot := *h.Address.PCI.Bus, *h.Address.PCI.Slot
+	vfs, raw := queryVFs(t, lv, dom)
+	want := qmpVF{QdevID: alias, Port: fmt.Sprintf("pci.%d", bus), Slot: int(slot)}
+	if len(vfs) != 1 || vfs[0] != want {
+		t.Fatalf("QMP query-pci lists 8086:10ca devices %+v; want exactly %+v (libvirt's address bus %d slot %d)\n%s", vfs, want, bus, slot, raw)
+	}
+	t.Logf("QMP query-pci: VF 8086:10ca is %q behind %s slot %d, where libvirt put hostdev %s", vfs[0].QdevID, vfs[0].Port, vfs[0].Slot, alias)
+	return bus
+}
+
+// qemuHoldsGroup checks that the QEMU process of the domain has the VFIO
+// group node open, and returns its pid.
+func qemuHoldsGroup(t *testing.T, runtimeDir string, groups []string) int {
+	t.Helper()
+	pid, err := attach.FindQEMU("/proc", runtimeDir, domainName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+	open := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil {
+			open[l] = true
+		}
+	}
+	for _, g := range groups {
+		if !open[g] {
+			t.Errorf("QEMU (pid %d) does not have %s open", pid, g)
+		}
+	}
+	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	uid := regexp.MustCompile(`(?m)^Uid:\s+(\d+)`).FindSubmatch(st)
+	if len(uid) < 2 || string(uid[1]) != strconv.Itoa(qemuUID) {
+		t.Errorf("QEMU (pid %d) runs as uid %s, want %d", pid, uid, qemuUID)
+	}
+	return pid
+}
+
+// serialLog is the VM's serial console as KubeVirt logs it.
+func (p *launcherPod) serialLog(t *testing.T) string {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(p.vols["private"], "*", "virt-serial0-log"))
+	if len(logs) != 1 {
+		return ""
+	}
+	data, _ := os.ReadFile(logs[0])
+	return string(data)
+}
+
+// waitInner waits for the VM's own init to report the VFs it sees as want
+// (" none" or " <addr>=<mac>", as innerInit prints) and returns when.
+func (p *launcherPod) waitInner(t *testing.T, ctx context.Context, want *regexp.Regexp, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		sc := bufio.NewScanner(strings.NewReader(p.serialLog(t)))
+		var last string
+		for sc.Scan() {
+			if l := sc.Text(); strings.Contains(l, layout.MarkInner+" vfs") {
+				last = l
+			}
+		}
+		if last != "" && want.MatchString(last) {
+			return time.Since(start)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the VM never reported %s (last: %q); its serial console:\n%s", what, last, tail(p.serialLog(t), 40))
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// detachLikeKubeVirt detaches the hostdev by its alias as KubeVirt's
+// migration source does (v1.9.0 hostdevice.SafelyDetachHostDevices: the
+// hostdev's XML, live and config, then wait until the device is gone).
+func detachLikeKubeVirt(t *testing.T, ctx context.Context, lv *libvirt.Libvirt, alias string) time.Duration {
+	t.Helper()
+	dom, d, _ := liveDomain(t, lv)
+	h := vfHostdev(d, alias)
+	if h == nil {
+		t.Fatalf("no hostdev %s to detach", alias)
+	}
+	x, err := h.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := lv.DomainDetachDeviceFlags(dom, x, uint32(libvirt.DomainAffectLive|libvirt.DomainAffectConfig)); err != nil {
+		t.Fatalf("detach %s: %v", alias, err)
+	}
+	for {
+		_, d, _ := liveDomain(t, lv)
+		if vfHostdev(d, alias) == nil {
+			return time.Since(start)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("hostdev %s still in the live domain %s after the detach", alias, time.Since(start).Round(time.Second))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Case vm (issue 21): a VM really runs on the VF. The real vfnet-driver
+// prepares an igb VF for the example VM's claim; a launcher pod runs the
+// real libvirtd (session mode, uid 107) and the real vfnet-binding; KubeVirt
+// v1.9.0's converter, hook manager and virt-launcher's define steps
+// (test/kubevirt/cmd/kernellauncher) define and start the domain; QEMU
+// holds the VF through VFIO and the VM's own kernel drives it with
+// igbvf. Then the migration detach and vfnet's re-attach through the
+// daemon's RPC, and the teardown.
+func TestVMOnVF(t *testing.T) {
+	m := guest(t)
+	kube, apiHost := m.apiClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	for _, mt := range []struct{ fs, dst string }{{"devpts", "/dev/pts"}, {"tmpfs", "/dev/shm"}} {
+		_ = os.MkdirAll(mt.dst, 0o755)
+		if err := unix.Mount(mt.fs, mt.dst, mt.fs, 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			t.Fatalf("mount %s: %v", mt.dst, err)
+		}
+	}
+	apiNode(t, ctx, kube)
+	pf := m.pf(t, layout.RoleMain)
+	vf := pf.VFs[0]
+	before := m.vfState(t, pf, vf)
+	dir := t.TempDir()
+	drv := m.startDriver(t, ctx, podNetns(t, apiHost, m.lay.APIServer), dir)
+	devName, err := discovery.DeviceName(vf.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, drv.exited, "a ResourceSlice with "+devName, func() bool {
+		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range list.Items {
+			for _, d := range s.Spec.Devices {
+				if d.Name == devName {
+					return true
+				}
+			}
+		}
+		return false
+	})
+
+	// 1. The driver prepares the VF; the CDI specs say what the pod gets.
+	ref := vmClaim(t, ctx, kube, vf)
+	res, err := drv.prepare(ctx, ref)
+	if err != nil || len(res.Devices) != 1 {
+		t.Fatalf("NodePrepareResources: %+v, %v", res, err)
+	}
+	mac, _ := net.ParseMAC(vmMAC)
+	m.checkPrepared(t, pf, vf, vflink.VFState{MAC: mac, VLAN: vmVLAN, SpoofChk: before.Link.SpoofChk})
+	edits := cdiEdits(t, filepath.Join(dir, "cdi"), res.Devices[0].CdiDeviceIds)
+	groups := prepareVFIO(t, edits.Linux.Devices)
+	var metaBinds []bind
+	for _, mnt := range edits.Mounts {
+		metaBinds = append(metaBinds, bind{Source: mnt.Source, Target: mnt.Destination})
+	}
+	if len(metaBinds) == 0 {
+		t.Fatalf("the CDI specs mount no device metadata: %+v", edits.Mounts)
+	}
+	t.Logf("CDI: device nodes %v, mounts %+v", groups, metaBinds)
+
+	// 2. The launcher pod: libvirtd in the compute container.
+	pod := newLauncherPod(t, filepath.Join(dir, "pods"))
+	kernelVol := filepath.Join(pod.vols["kernel-boot-volume"], "boot")
+	if err := os.MkdirAll(kernelVol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel-boot container's init container copies its files there.
+	for _, f := range []string{layout.InnerKernel, layout.InnerInitrd} {
+		if err := os.Link(filepath.Join(layout.InnerDir, f), filepath.Join(kernelVol, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compute := []string{"private", "public", "ephemeral-disks", "libvirt-runtime", "hook-sidecar-sockets", "kernel-boot-volume"}
+	xdg := []string{"XDG_CACHE_HOME=/var/run/kubevirt-private", "XDG_CONFIG_HOME=/var/run/kubevirt-private", "XDG_RUNTIME_DIR=/var/run", "HOME=/var/run/kubevirt-private", "USER=qemu"}
+	// virt-launcher's libvirt configuration (v1.9.0 cmd/virt-launcher
+	// virtqemud.conf and qemu.conf, the latter at the non-root path).
+	writeOwned(t, filepath.Join(pod.vols["libvirt-runtime"], "libvirtd.conf"), "listen_tls = 0\nlisten_tcp = 0\nlog_outputs = \"1:stderr\"\n")
+	writeOwned(t, filepath.Join(pod.vols["private"], "libvirt", "qemu.conf"),
+		"stdio_handler = \"logd\"\nvnc_listen = \"0.0.0.0\"\nvnc_tls = 0\nvnc_sasl = 0\nuser = \"qemu\"\ngroup = \"qemu\"\ndynamic_ownership = 1\nremember_owner = 0\nnamespaces = [ ]\ncgroup_controllers = [ ]\n")
+	step := time.Now()
+	libvirtd := pod.start(t, "libvirtd", pod.binds(compute), xdg, "/usr/sbin/libvirtd", "-f", "/var/run/libvirt/libvirtd.conf")
+	sock := filepath.Join(pod.runtimeDir(), "libvirt-sock")
+	waitFor(t, ctx, libvirtd.exited, "libvirtd's socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	// Debian ships libvirtd, whose session socket is libvirt-sock; KubeVirt's
+	// virtqemud listens on virtqemud-sock in the same directory, the name
+	// vfnet's attach dials.
+	if err := os.Symlink("libvirt-sock", filepath.Join(pod.runtimeDir(), attach.SocketName)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("libvirtd (session, uid %d) listening after %s", qemuUID, time.Since(step).Round(time.Millisecond))
+	// virt-handler raises virtqemud's locked-memory limit before the
+	// domain starts for a VMI with memLock: Required (v1.9.0
+	// pkg/hypervisor/kvm AdjustResources); QEMU inherits it.
+	memlock := uint64(parseMi(t, vmMemory)) + attach.VFIOMemlockOverhead
+	if err := unix.Prlimit(libvirtd.cmd.Process.Pid, unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlock, Max: memlock}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// 3. The sidecar: the real vfnet-binding with the metadata mount.
+	pod.start(t, "vfnet-binding", pod.binds([]string{"hook-sidecar-sockets"}, metaBinds...), []string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
+
+	// 4. virt-launcher's part: convert, hooks, define, start.
+	domOut := filepath.Join(pod.vols["private"], "domain.xml")
+	step = time.Now()
+	launcher := pod.start(t, "kernellauncher", pod.binds(compute), xdg, layout.Launcher,
+		"-vm", layout.ExampleVM, "-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
+		"-memory", vmMemory, "-kernel-path", "/boot/"+layout.InnerKernel, "-initrd-path", "/boot/"+layout.InnerInitrd,
+		"-kernel-args", vmKernelArgs, "-out", "/var/run/kubevirt-private/domain.xml")
+	if err := launcher.wait(t, 10*time.Minute); err != nil {
+		t.Fatalf("kernellauncher: %v\n%s\nlibvirtd:\n%s", err, launcher.out.String(), libvirtd.out.String())
+	}
+	started := time.Since(step)
+	t.Logf("kernellauncher (define with hooks, start) took %s:\n%s", started.Round(time.Millisecond), launcher.out.String())
+	if _, err := os.Stat(domOut); err != nil {
+		t.Fatalf("kernellauncher wrote no live domain: %v", err)
+	}
+
+	// 5. QEMU holds the VF where libvirt put it, with the group open.
+	lv := libvirtConn(t, pod.runtimeDir())
+	alias := attach.Alias(vmIface)
+	port := checkVFInQEMU(t, lv, alias)
+	qemuPid := qemuHoldsGroup(t, pod.runtimeDir(), groups)
+	t.Logf("from the launcher's start to QMP listing the VF: %s", time.Since(step).Round(time.Millisecond))
+	var lim unix.Rlimit
+	if err := unix.Prlimit(qemuPid, unix.RLIMIT_MEMLOCK, nil, &lim); err == nil {
+		t.Logf("QEMU pid %d RLIMIT_MEMLOCK %d/%d", qemuPid, lim.Cur, lim.Max)
+	}
+	// The VM's own kernel sees the VF and igbvf reads the MAC the claim set.
+	vfIn := regexp.MustCompile(` vfs [0-9a-f:.]+=` + regexp.QuoteMeta(vmMAC) + ` at`)
+	took := pod.waitInner(t, ctx, vfIn, "its VF with MAC "+vmMAC)
+	t.Logf("the VM's igbvf reports %s %s after QMP listed the VF", vmMAC, took.Round(time.Second))
+
+	// 6. Migration: the source detaches the VF by alias; vfnet re-attaches
+	// it through the daemon's RPC, as after a failed migration.
+	_, d, raw := liveDomain(t, lv)
+	freeBefore := freeRootPorts(d, raw)
+	detach := detachLikeKubeVirt(t, ctx, lv, alias)
+	t.Logf("detach of %s took %s; free root ports before %v", alias, detach.Round(time.Millisecond), freeBefore)
+	pod.waitInner(t, ctx, regexp.MustCompile(` vfs none at`), "the VF gone")
+	src, err := pciaddr.Parse(vf.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: attach.ProcMemlock{ProcRoot: "/proc", Limits: attach.Prlimit{}}, PodsDir: pod.podsDir}
+	step = time.Now()
+	r, err := a.Attach(ctx, attach.Request{PodUID: launcherPodUID, Domain: domainName, Hostdevs: []attach.Hostdev{{Interface: vmIface, Source: src}}})
+	if err != nil {
+		t.Fatalf("vfnet's attach: %v", err)
+	}
+	reattach := time.Since(step)
+	if len(r.Attached) != 1 || r.Attached[0] != alias {
+		t.Fatalf("attach result %+v; want %s attached", r, alias)
+	}
+	newPort := checkVFInQEMU(t, lv, alias)
+	if !slices.Contains(freeBefore, newPort) && newPort != port {
+		t.Errorf("the re-attached VF sits behind root port %d, which was neither free (%v) nor its own (%d)", newPort, freeBefore, port)
+	}
+	qemuHoldsGroup(t, pod.runtimeDir(), groups)
+	took = pod.waitInner(t, ctx, vfIn, "its VF back with MAC "+vmMAC)
+	t.Logf("re-attach through vfnet's RPC path took %s (root port %d, was %d); the VM's igbvf saw it again %s later", reattach.Round(time.Millisecond), newPort, port, took.Round(time.Second))
+
+	// 7. Teardown: the domain is destroyed, the pod stops, the driver
+	// unprepares; the VF is back on igbvf as it was.
+	dom, _, _ := liveDomain(t, lv)
+	if err := lv.DomainDestroy(dom); err != nil {
+		t.Fatalf("destroy the domain: %v", err)
+	}
+	pod.stopAll(t)
+	pod.procs = nil
+	// libvirtd started virtlogd for the session; it goes with the pod.
+	for _, p := range processesNamed("virtlogd") {
+		_ = syscall.Kill(p, syscall.SIGTERM)
+	}
+	waitFor(t, ctx, drv.exited, "no libvirtd, virtlogd or QEMU left", func() bool {
+		return len(processesNamed("libvirtd", "virtlogd", "qemu-system-x86")) == 0
+	})
+	if err := drv.unprepare(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	m.checkRestored(t, pf, vf, before, false)
+	drv.stop(t)
+}
+
+// processesNamed lists the pids whose comm starts with one of names.
+func processesNamed(names ...string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		for _, n := range names {
+			if strings.HasPrefix(strings.TrimSpace(string(comm)), n) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+func writeOwned(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Dir(path), path} {
+		if err := os.Chown(p, qemuUID, qemuUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func parseMi(t *testing.T, q string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(strings.TrimSuffix(q, "Mi"), 10, 64)
+	if err != nil || !strings.HasSuffix(q, "Mi") {
+		t.Fatalf("memory %q: want <n>Mi", q)
+	}
+	return n << 20
+}
