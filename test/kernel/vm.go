@@ -245,8 +245,9 @@ func (e *Env) BuildInnerInitramfs(out string) error {
 	return f.Close()
 }
 
-// innerInit runs in the VM (busybox sh, applets by name).
-const innerInit = `#!/bin/sh
+// innerInit runs in the VM (busybox sh; the applets linked into /bin).
+const innerInit = `#!/bin/busybox sh
+/bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

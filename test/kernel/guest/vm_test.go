@@ -100,7 +100,10 @@ func newLauncherPod(t *testing.T, podsDir string) *launcherPod {
 		}
 		p.vols[name] = d
 	}
-	t.Cleanup(func() { p.stopAll(t) })
+	t.Cleanup(func() {
+		p.stopAll(t)
+		_ = os.RemoveAll(filepath.Join(podsDir, launcherPodUID))
+	})
 	return p
 }
 
@@ -383,8 +386,10 @@ func queryVFs(t *testing.T, lv *libvirt.Libvirt, dom libvirt.Domain) ([]qmpVF, s
 
 // checkVFInQEMU checks that QEMU holds the VF as the domain's hostdev
 // alias, behind the root port and slot libvirt assigned it, and returns
-// the root port's controller index.
-func checkVFInQEMU(t *testing.T, lv *libvirt.Libvirt, alias string) uint {
+// the root port's controller index. query-pci lists a device behind a root
+// port only once the VM's firmware has numbered the port's bus, so it asks
+// again until then.
+func checkVFInQEMU(t *testing.T, ctx context.Context, lv *libvirt.Libvirt, alias string) uint {
 	t.Helper()
 	dom, d, _ := liveDomain(t, lv)
 	h := vfHostdev(d, alias)
@@ -392,13 +397,18 @@ func checkVFInQEMU(t *testing.T, lv *libvirt.Libvirt, alias string) uint {
 		t.Fatalf("the live domain has no hostdev %s with a guest PCI address", alias)
 	}
 	bus, slot := *h.Address.PCI.Bus, *h.Address.PCI.Slot
-	vfs, raw := queryVFs(t, lv, dom)
 	want := qmpVF{QdevID: alias, Port: fmt.Sprintf("pci.%d", bus), Slot: int(slot)}
-	if len(vfs) != 1 || vfs[0] != want {
-		t.Fatalf("QMP query-pci lists 8086:10ca devices %+v; want exactly %+v (libvirt's address bus %d slot %d)\n%s", vfs, want, bus, slot, raw)
+	for {
+		vfs, raw := queryVFs(t, lv, dom)
+		if len(vfs) == 1 && vfs[0] == want {
+			t.Logf("QMP query-pci: VF 8086:10ca is %q behind %s slot %d, where libvirt put hostdev %s", vfs[0].QdevID, vfs[0].Port, vfs[0].Slot, alias)
+			return bus
+		}
+		if len(vfs) > 0 || ctx.Err() != nil {
+			t.Fatalf("QMP query-pci lists 8086:10ca devices %+v; want exactly %+v (libvirt's address bus %d slot %d)\n%s", vfs, want, bus, slot, raw)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
-	t.Logf("QMP query-pci: VF 8086:10ca is %q behind %s slot %d, where libvirt put hostdev %s", vfs[0].QdevID, vfs[0].Port, vfs[0].Slot, alias)
-	return bus
 }
 
 // qemuHoldsGroup checks that the QEMU process of the domain has the VFIO
@@ -440,16 +450,25 @@ func (p *launcherPod) serialLog(t *testing.T) string {
 	return string(data)
 }
 
-// waitInner waits for the VM's own init to report the VFs it sees as want
-// (" none" or " <addr>=<mac>", as innerInit prints) and returns when.
-func (p *launcherPod) waitInner(t *testing.T, ctx context.Context, want *regexp.Regexp, what string) time.Duration {
+// waitInner waits up to limit for the VM's own init to report the VFs it
+// sees as want (" none" or " <addr>=<mac>", as innerInit prints) and
+// returns how long that took.
+func (p *launcherPod) waitInner(t *testing.T, ctx context.Context, limit time.Duration, want *regexp.Regexp, what string) time.Duration {
 	t.Helper()
 	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	progress := time.NewTicker(time.Minute)
+	defer progress.Stop()
 	for {
 		sc := bufio.NewScanner(strings.NewReader(p.serialLog(t)))
-		var last string
+		var last, any string
 		for sc.Scan() {
-			if l := sc.Text(); strings.Contains(l, layout.MarkInner+" vfs") {
+			l := sc.Text()
+			if strings.TrimSpace(l) != "" {
+				any = l
+			}
+			if strings.Contains(l, layout.MarkInner+" vfs") {
 				last = l
 			}
 		}
@@ -458,10 +477,23 @@ func (p *launcherPod) waitInner(t *testing.T, ctx context.Context, want *regexp.
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the VM never reported %s (last: %q); its serial console:\n%s", what, last, tail(p.serialLog(t), 40))
+			t.Fatalf("the VM did not report %s within %s (last report: %q); its serial console:\n%s\nQEMU's log:\n%s",
+				what, limit, last, tail(p.serialLog(t), 40), tail(p.qemuLog(), 30))
+		case <-progress.C:
+			t.Logf("waiting %s for the VM to report %s; its console's last line: %q", time.Since(start).Round(time.Second), what, any)
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// qemuLog is libvirt's log of the domain's QEMU (session mode: under
+// XDG_CACHE_HOME, the private volume).
+func (p *launcherPod) qemuLog() string {
+	data, err := os.ReadFile(filepath.Join(p.vols["private"], "libvirt", "qemu", "log", domainName+".log"))
+	if err != nil {
+		return err.Error()
+	}
+	return string(data)
 }
 
 func tail(s string, n int) string {
@@ -567,7 +599,9 @@ func TestVMOnVF(t *testing.T) {
 	t.Logf("CDI: device nodes %v, mounts %+v", groups, metaBinds)
 
 	// 2. The launcher pod: libvirtd in the compute container.
-	pod := newLauncherPod(t, filepath.Join(dir, "pods"))
+	// The kubelet's pods dir, on the guest's root file system with the
+	// VM's kernel files, which the kernel-boot volume links.
+	pod := newLauncherPod(t, attach.DefaultKubeletPodsDir)
 	kernelVol := filepath.Join(pod.vols["kernel-boot-volume"], "boot")
 	if err := os.MkdirAll(kernelVol, 0o755); err != nil {
 		t.Fatal(err)
@@ -610,7 +644,7 @@ func TestVMOnVF(t *testing.T) {
 	// 4. virt-launcher's part: convert, hooks, define, start.
 	domOut := filepath.Join(pod.vols["private"], "domain.xml")
 	step = time.Now()
-	launcher := pod.start(t, "kernellauncher", pod.binds(compute), xdg, layout.Launcher,
+	launcher := pod.start(t, "kernellauncher", pod.binds(compute), append(xdg, "VFNET_STUB_VF="+vf.Address), layout.Launcher,
 		"-vm", layout.ExampleVM, "-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
 		"-memory", vmMemory, "-kernel-path", "/boot/"+layout.InnerKernel, "-initrd-path", "/boot/"+layout.InnerInitrd,
 		"-kernel-args", vmKernelArgs, "-out", "/var/run/kubevirt-private/domain.xml")
@@ -626,7 +660,7 @@ func TestVMOnVF(t *testing.T) {
 	// 5. QEMU holds the VF where libvirt put it, with the group open.
 	lv := libvirtConn(t, pod.runtimeDir())
 	alias := attach.Alias(vmIface)
-	port := checkVFInQEMU(t, lv, alias)
+	port := checkVFInQEMU(t, ctx, lv, alias)
 	qemuPid := qemuHoldsGroup(t, pod.runtimeDir(), groups)
 	t.Logf("from the launcher's start to QMP listing the VF: %s", time.Since(step).Round(time.Millisecond))
 	var lim unix.Rlimit
@@ -635,7 +669,7 @@ func TestVMOnVF(t *testing.T) {
 	}
 	// The VM's own kernel sees the VF and igbvf reads the MAC the claim set.
 	vfIn := regexp.MustCompile(` vfs [0-9a-f:.]+=` + regexp.QuoteMeta(vmMAC) + ` at`)
-	took := pod.waitInner(t, ctx, vfIn, "its VF with MAC "+vmMAC)
+	took := pod.waitInner(t, ctx, 8*time.Minute, vfIn, "its VF with MAC "+vmMAC)
 	t.Logf("the VM's igbvf reports %s %s after QMP listed the VF", vmMAC, took.Round(time.Second))
 
 	// 6. Migration: the source detaches the VF by alias; vfnet re-attaches
@@ -644,7 +678,7 @@ func TestVMOnVF(t *testing.T) {
 	freeBefore := freeRootPorts(d, raw)
 	detach := detachLikeKubeVirt(t, ctx, lv, alias)
 	t.Logf("detach of %s took %s; free root ports before %v", alias, detach.Round(time.Millisecond), freeBefore)
-	pod.waitInner(t, ctx, regexp.MustCompile(` vfs none at`), "the VF gone")
+	pod.waitInner(t, ctx, 2*time.Minute, regexp.MustCompile(` vfs none at`), "the VF gone")
 	src, err := pciaddr.Parse(vf.Address)
 	if err != nil {
 		t.Fatal(err)
@@ -659,12 +693,12 @@ func TestVMOnVF(t *testing.T) {
 	if len(r.Attached) != 1 || r.Attached[0] != alias {
 		t.Fatalf("attach result %+v; want %s attached", r, alias)
 	}
-	newPort := checkVFInQEMU(t, lv, alias)
+	newPort := checkVFInQEMU(t, ctx, lv, alias)
 	if !slices.Contains(freeBefore, newPort) && newPort != port {
 		t.Errorf("the re-attached VF sits behind root port %d, which was neither free (%v) nor its own (%d)", newPort, freeBefore, port)
 	}
 	qemuHoldsGroup(t, pod.runtimeDir(), groups)
-	took = pod.waitInner(t, ctx, vfIn, "its VF back with MAC "+vmMAC)
+	took = pod.waitInner(t, ctx, 2*time.Minute, vfIn, "its VF back with MAC "+vmMAC)
 	t.Logf("re-attach through vfnet's RPC path took %s (root port %d, was %d); the VM's igbvf saw it again %s later", reattach.Round(time.Millisecond), newPort, port, took.Round(time.Second))
 
 	// 7. Teardown: the domain is destroyed, the pod stops, the driver
