@@ -405,7 +405,11 @@ func TestSRIOVNumVFsStoreSyntax(t *testing.T) {
 	for _, bad := range []string{" 2", "2 ", "2\n\n", "1_0", "-1", "65536", "0x", "08", "", "two"} {
 		wantErrno(t, k.WriteFile(rel, []byte(bad)), syscall.EINVAL)
 	}
-	numVFs := func() string { t.Helper(); v, _ := os.ReadFile(filepath.Join(h.Root(), rel)); return strings.TrimSpace(string(v)) }
+	numVFs := func() string {
+		t.Helper()
+		v, _ := os.ReadFile(filepath.Join(h.Root(), rel))
+		return strings.TrimSpace(string(v))
+	}
 	for in, want := range map[string]string{"0x2": "2", "+3": "3", "04\n": "4", "0": "0"} {
 		write(t, h, rel, "0")
 		write(t, h, rel, in)
