@@ -436,9 +436,11 @@ func (r *Reconciler) Apply(ctx context.Context, plans []Plan) bool {
 		if d, ok := tainted[p.PF]; p.Current > 0 && (!ok || d != p.Desired) {
 			continue // tainted by this pass: applied on the next
 		}
-		err := r.apply(ctx, p)
+		did, err := r.apply(ctx, p)
 		var blocked *BlockedError
 		switch {
+		case err == nil && !did:
+			// Someone else (the other driver instance) made it meanwhile.
 		case errors.As(err, &blocked):
 			logger.Info("VF count change waits for claims", "pf", p.PF, "pfName", p.PFName, "blockers", blockerNames(blocked.Blockers))
 		case err != nil:
@@ -473,9 +475,11 @@ func (e *BlockedError) Error() string {
 	return fmt.Sprintf("PF %s: VFs in use: %s", e.PF, strings.Join(parts, "; "))
 }
 
-// apply re-checks the PF under the node lock and writes sriov_numvfs.
-func (r *Reconciler) apply(ctx context.Context, p Plan) error {
+// apply re-checks the PF under the node lock and writes sriov_numvfs; it
+// reports whether it wrote.
+func (r *Reconciler) apply(ctx context.Context, p Plan) (bool, error) {
 	logger := klog.FromContext(ctx)
+	did := false
 	run := func(prepared map[string]string) error {
 		cur, vfs, err := r.current(p.PF)
 		if err != nil {
@@ -493,6 +497,7 @@ func (r *Reconciler) apply(ctx context.Context, p Plan) error {
 		if bs := blockers(&sysfs.PF{VFs: vfs}, use); len(bs) > 0 {
 			return &BlockedError{PF: p.PF, Blockers: bs}
 		}
+		did = true
 		return WriteCount(r.opts.Writer, p.PF, p.PFName, cur, p.Desired)
 	}
 	var err error
@@ -501,8 +506,8 @@ func (r *Reconciler) apply(ctx context.Context, p Plan) error {
 	} else {
 		err = run(nil)
 	}
-	if err != nil || p.Desired == 0 {
-		return err
+	if err != nil || !did || p.Desired == 0 {
+		return did, err
 	}
 	if on, _ := r.autoprobe(p.PF); !on {
 		// The admin turned probing off for this PF's VFs (commonly: no host
@@ -511,7 +516,7 @@ func (r *Reconciler) apply(ctx context.Context, p Plan) error {
 		// without autoprobe, and unprepare leaves it unbound again.
 		logger.Info("PF has sriov_drivers_autoprobe=0: its new VFs stay without a driver until prepared", "pf", p.PF, "pfName", p.PFName)
 	}
-	return nil
+	return true, nil
 }
 
 // current reads the PF's sriov_numvfs and its VFs (virtfn links) now.
