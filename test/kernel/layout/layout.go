@@ -82,7 +82,7 @@ const (
 
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
-func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" }
+func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" || c == "numvfs" }
 
 // PF returns the PF with role, or false.
 func (l Layout) PF(role string) (PF, bool) {
@@ -110,5 +110,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs"}
 }
