@@ -78,12 +78,18 @@ type Blocker struct {
 	VF    string // PCI address
 	Index int
 	Claim string // namespace/name
-	// How: "prepared" (in vfnet's checkpoint) or "allocated" (the claim's
-	// allocation names the device).
+	// Holder names the process holding the VF's vfio group open when no
+	// claim of ours has it.
+	Holder string
+	// How: "prepared" (in vfnet's checkpoint), "allocated" (the claim's
+	// allocation names the device) or "held open".
 	How string
 }
 
 func (b Blocker) String() string {
+	if b.Holder != "" {
+		return fmt.Sprintf("VF %d (%s) is on vfio-pci and in use: %s", b.Index, b.VF, b.Holder)
+	}
 	return fmt.Sprintf("VF %d (%s) %s for claim %s", b.Index, b.VF, b.How, b.Claim)
 }
 
@@ -142,6 +148,11 @@ type Usage struct {
 	// Allocated maps device names of this node's pool allocated to a claim
 	// to the claim; nil when not known (inspect has no cluster).
 	Allocated map[string]string
+	// Held maps VF addresses on vfio-pci whose /dev/vfio group node a
+	// process holds open (a VM vfnet did not prepare) to the holders.
+	// Removing such a VF would block the sriov_numvfs write in the kernel
+	// until the process lets go.
+	Held map[string]string
 }
 
 // Plans says, without changing anything, what vfnet does for every PF a
@@ -205,7 +216,7 @@ func plan(pf *sysfs.PF, want int, field string, use Usage) Plan {
 		for _, b := range p.Blockers {
 			parts = append(parts, b.String())
 		}
-		p.Reason = fmt.Sprintf("VFs in use: %s (the kernel destroys every VF of the PF on a change; it is made once these claims are unprepared and deallocated)", strings.Join(parts, "; "))
+		p.Reason = fmt.Sprintf("VFs in use: %s (the kernel destroys every VF of the PF on a change; it is made once these claims are unprepared and deallocated, and no process holds a VF open)", strings.Join(parts, "; "))
 	}
 	return p
 }
@@ -223,9 +234,43 @@ func blockers(pf *sysfs.PF, use Usage) []Blocker {
 		}
 		if c, ok := use.Allocated[name]; ok {
 			out = append(out, Blocker{VF: vf.Address, Index: vf.Index, Claim: c, How: "allocated"})
+			continue
+		}
+		if h, ok := use.Held[vf.Address]; ok {
+			out = append(out, Blocker{VF: vf.Address, Index: vf.Index, Holder: h, How: "held open"})
 		}
 	}
 	return out
+}
+
+// HeldVFs asks holders who holds the group nodes of the VFs on vfio-pci
+// (Usage.Held).
+func HeldVFs(vfs []sysfs.VF, holders func([]string) (map[string][]string, error)) (map[string]string, error) {
+	if holders == nil {
+		return nil, nil
+	}
+	nodeOf := map[string]string{}
+	var nodes []string
+	for _, vf := range vfs {
+		if n := discovery.GroupNode(vf.Function); vf.Driver == discovery.VFIODriver && n != "" {
+			nodeOf[vf.Address] = n
+			nodes = append(nodes, n)
+		}
+	}
+	if len(nodes) == 0 {
+		return nil, nil
+	}
+	got, err := holders(nodes)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for addr, n := range nodeOf {
+		if hs := got[n]; len(hs) > 0 {
+			out[addr] = fmt.Sprintf("/dev/vfio/%s held open by %s", n, strings.Join(hs, ", "))
+		}
+	}
+	return out, nil
 }
 
 // notSRIOV finds the PCI device a numVFs selector names by address or
@@ -246,19 +291,17 @@ func notSRIOV(host *sysfs.Host, sel nodeconfig.Selector, want int, field string)
 	if _, err := os.Stat(dir); err != nil {
 		return Plan{}, false
 	}
-	total := "0"
-	if v, err := os.ReadFile(filepath.Join(dir, "sriov_totalvfs")); err == nil {
-		total = strings.TrimSpace(string(v))
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		total = "unreadable (" + err.Error() + ")"
-	}
-	why := "has no SR-IOV capability (no sriov_totalvfs)"
-	if total != "0" && !strings.HasPrefix(total, "unreadable") {
+	var why string
+	v, err := os.ReadFile(filepath.Join(dir, "sriov_totalvfs"))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		why = "has no SR-IOV capability (no sriov_totalvfs)"
+	case err != nil:
+		why = "has an unreadable sriov_totalvfs (" + err.Error() + ")"
+	case strings.TrimSpace(string(v)) == "0":
+		why = "reports sriov_totalvfs 0 (SR-IOV disabled in its firmware or BIOS)"
+	default:
 		return Plan{}, false // an SR-IOV PF discovery skipped: it says why
-	} else if total == "0" {
-		if _, err := os.Stat(filepath.Join(dir, "sriov_totalvfs")); err == nil {
-			why = "reports sriov_totalvfs 0 (SR-IOV disabled in its firmware or BIOS)"
-		}
 	}
 	return Plan{PF: bdf, PFName: name, Field: field, Desired: want, State: Refused,
 		Reason: fmt.Sprintf("%s is %d, but PCI device %s %s: no VF can be created on it; name an SR-IOV PF or drop numVFs", field, want, bdf, why)}, true
@@ -301,6 +344,8 @@ type Options struct {
 	// Allocated lists this node's devices allocated to claims (device name
 	// -> claim); nil: not checked.
 	Allocated func(ctx context.Context) (map[string]string, error)
+	// Holders says who holds /dev/vfio group nodes open (nil: not checked).
+	Holders func(nodes []string) (map[string][]string, error)
 	// Events records on the Node; nil records none.
 	Events record.EventRecorder
 }
@@ -332,6 +377,19 @@ func (r *Reconciler) Plan(ctx context.Context, cfg *nodeconfig.Config, pfs []sys
 		needUse = needUse || p.Changing()
 	}
 	if needUse {
+		var vfs []sysfs.VF
+		for i := range pfs {
+			vfs = append(vfs, pfs[i].VFs...)
+		}
+		held, err := HeldVFs(vfs, r.opts.Holders)
+		if err != nil {
+			logger.Error(err, "Cannot tell who holds VFs open; VF count changes wait")
+			held = map[string]string{}
+			for _, vf := range vfs {
+				held[vf.Address] = "unknown: " + err.Error()
+			}
+		}
+		use.Held = held
 		// Only while a change is due: listing claims costs the API server.
 		if r.opts.Prepared != nil {
 			use.Prepared = r.opts.Prepared()
@@ -398,8 +456,12 @@ func (r *Reconciler) Waiting() bool {
 func blockerNames(bs []Blocker) []string {
 	var out []string
 	for _, b := range bs {
-		if !slices.Contains(out, b.Claim) {
-			out = append(out, b.Claim)
+		who := b.Claim
+		if b.Holder != "" {
+			who = b.Holder
+		}
+		if !slices.Contains(out, who) {
+			out = append(out, who)
 		}
 	}
 	return out
@@ -489,6 +551,9 @@ func (r *Reconciler) apply(ctx context.Context, p Plan) (bool, error) {
 			return nil
 		}
 		use := Usage{Prepared: prepared}
+		if use.Held, err = HeldVFs(vfs, r.opts.Holders); err != nil {
+			return fmt.Errorf("PF %s: cannot tell whether a process holds its VFs open (%w); not changing them", p.PF, err)
+		}
 		if r.opts.Allocated != nil {
 			if use.Allocated, err = r.opts.Allocated(ctx); err != nil {
 				return fmt.Errorf("PF %s: cannot tell whether its VFs are allocated (list ResourceClaims: %w); not changing them", p.PF, err)
@@ -544,7 +609,13 @@ func (r *Reconciler) current(pf string) (int, []sysfs.VF, error) {
 		if err != nil {
 			continue
 		}
-		vfs = append(vfs, sysfs.VF{Function: sysfs.Function{Address: filepath.Base(t)}, Index: idx})
+		fn, err := r.opts.Sysfs.Function(filepath.Base(t))
+		if err != nil {
+			// Its driver and group are unknown: the address still names it
+			// for the claims.
+			fn = sysfs.Function{Address: filepath.Base(t)}
+		}
+		vfs = append(vfs, sysfs.VF{Function: fn, Index: idx})
 	}
 	return cur, vfs, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/vfioholders"
 )
 
 // env is a simulated host driven through the driver's rescan loop with a
@@ -69,6 +70,16 @@ func newEnv(t *testing.T, spec simhost.Spec, config string) *env {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return clone(e.allocated), nil
+		},
+		Holders: func(nodes []string) (map[string][]string, error) {
+			got, err := vfioholders.Scanner{ProcRoot: h.ProcRoot(), DevRoot: h.DevRoot()}.Holders(nodes)
+			out := map[string][]string{}
+			for n, hs := range got {
+				for _, x := range hs {
+					out[n] = append(out[n], x.String())
+				}
+			}
+			return out, err
 		},
 	})
 	e.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: h.Sysfs(), Publisher: e.pub,
@@ -525,5 +536,37 @@ func TestWriteCountErrors(t *testing.T) {
 	err = vfcount.WriteCount(k, pf1, "enp59s0f1", 0, 2)
 	if !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "PF 0000:3b:00.1 (enp59s0f1): create 2 VFs") || !strings.Contains(err.Error(), "bind the PF's own driver") {
 		t.Fatalf("no PF driver: %v", err)
+	}
+}
+
+// A VF on vfio-pci that a process vfnet knows nothing of holds open (a VM
+// of another tool) blocks the change too: the kernel's removal of that VF
+// would wait for the process, with the write and the node lock stuck.
+func TestBlockedByHeldVFIOGroup(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, simhost.MixedHost(), "pfs:\n- pfName: enp59s0f0\n  network: physnet-a\n  numVFs: 2\n")
+	fn, err := e.h.Sysfs().Function("0000:3b:02.2") // bound to vfio-pci by the fixture
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := e.h.HoldVFIOGroup(discovery.GroupNode(fn), 4242, "qemu-kvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.scan()
+	e.scan()
+	plans := e.rec.Plan(e.ctx, e.cfg, mustDiscover(t, e))
+	if len(plans) != 1 || plans[0].State != vfcount.Blocked || !strings.Contains(plans[0].Reason, "VF 2 (0000:3b:02.2) is on vfio-pci and in use: /dev/vfio/"+discovery.GroupNode(fn)+" held open by pid 4242 (qemu-kvm)") {
+		t.Fatalf("plans %+v: want blocked by pid 4242", plans)
+	}
+	if n, _ := e.numVFs(pf0); n != 4 {
+		t.Fatalf("changed to %d VFs while a VF is held open", n)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	e.scan()
+	if n, links := e.numVFs(pf0); n != 2 || links != 2 {
+		t.Fatalf("after release: sriov_numvfs %d, %d links; want 2", n, links)
 	}
 }

@@ -182,7 +182,15 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	}
 	// What the driver would do about numVFs; without a cluster only the
 	// checkpoint's claims can block a change.
-	plans := vfcount.Plans(cfg, pfs, host, vfcount.Usage{Prepared: owned})
+	var vfs []sysfs.VF
+	for i := range pfs {
+		vfs = append(vfs, pfs[i].VFs...)
+	}
+	held, err := vfcount.HeldVFs(vfs, groupHolders(*procRoot, *devRoot))
+	if err != nil {
+		fmt.Fprintf(stderr, "# numVFs: cannot tell which VFs on vfio-pci are held open: %v\n", err)
+	}
+	plans := vfcount.Plans(cfg, pfs, host, vfcount.Usage{Prepared: owned, Held: held})
 	for _, p := range plans {
 		fmt.Fprintf(stderr, "# numVFs: %s\n", p)
 		if p.State == vfcount.Pending {
@@ -480,7 +488,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
 	counts := vfcount.New(vfcount.Options{
-		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Events: events,
+		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Events: events, Holders: holders,
 		Prepared: func() map[string]string { return prepare.PreparedVFs(state.Snapshot()) },
 		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error {
 			return state.Exclusive(ctx, func(cp *checkpoint.File) error { return fn(prepare.PreparedVFs(cp)) })
