@@ -200,7 +200,9 @@ func TestNumVFs(t *testing.T) {
 		}
 	}
 	// reached waits until the PF has n VFs, each driven by igbvf with a
-	// netdev, and the API server's slices hold exactly those, untainted.
+	// netdev (none with autoprobe off), and the API server's slices hold
+	// exactly those, untainted.
+	autoprobe := true
 	reached := func(d *driverProc, n int) {
 		t.Helper()
 		start := time.Now()
@@ -209,6 +211,12 @@ func TestNumVFs(t *testing.T) {
 			dev, err := filepath.EvalSymlinks(fmt.Sprintf("/sys/bus/pci/devices/%s/virtfn%d", pf, i))
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !autoprobe {
+				if drv, err := os.Readlink(dev + "/driver"); err == nil {
+					t.Fatalf("new VF %d bound to %s with sriov_drivers_autoprobe 0; vfnet leaves it unbound", i, drv)
+				}
+				continue
 			}
 			if _, err := waitNetdev(dev, 60*time.Second); err != nil {
 				t.Fatalf("new VF %d: %v", i, err)
@@ -339,6 +347,25 @@ func TestNumVFs(t *testing.T) {
 	}
 	d2 := m.startDriverWith(t, ctx, ns, filepath.Join(dir, "drv"), cfgPath, flags...)
 	reached(d2, 4)
+
+	// sriov_drivers_autoprobe 0: the new VFs stay without a driver and are
+	// offered all the same.
+	setAutoprobe := func(on bool) {
+		t.Helper()
+		v := "0"
+		if on {
+			v = "1"
+		}
+		if err := os.WriteFile("/sys/bus/pci/devices/"+pf+"/sriov_drivers_autoprobe", []byte(v), 0); err != nil {
+			t.Fatal(err)
+		}
+		autoprobe = on
+	}
+	t.Cleanup(func() { _ = os.WriteFile("/sys/bus/pci/devices/"+pf+"/sriov_drivers_autoprobe", []byte("1"), 0) })
+	setAutoprobe(false)
+	setNumVFs(3)
+	reached(d2, 3)
+	setAutoprobe(true)
 
 	// Back to the machine's layout for any later case.
 	setNumVFs(lay.VFs)
