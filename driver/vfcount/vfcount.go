@@ -428,7 +428,9 @@ func (r *Reconciler) Plan(ctx context.Context, cfg *nodeconfig.Config, pfs []sys
 		case InSync:
 			logger.V(2).Info("VF count as configured", "pf", p.PF, "pfName", p.PFName, "numVFs", p.Current)
 		case Pending:
-			logger.Info("VF count change due; its VFs are tainted first", "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "taint", TaintKey)
+			// With VFs, they are published tainted first and the write
+			// comes on a later pass; from 0 there is nothing to taint.
+			logger.Info("VF count change due", "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "taintedFirst", p.Current > 0)
 		case Blocked:
 			logger.Info("VF count change waits for claims", "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "blockers", blockerNames(p.Blockers), "reason", p.Reason)
 			r.event(corev1.EventTypeWarning, ReasonBlocked, line)
