@@ -119,6 +119,9 @@ type Options struct {
 	// Observer, if set, sees every claim's prepare and unprepare
 	// (driver/metrics).
 	Observer Observer
+	// AfterUnprepare, if set, is called after each Unprepare call (a VF
+	// count change may have waited for it); it must not block.
+	AfterUnprepare func()
 }
 
 // Observer sees the outcome of every claim's prepare and unprepare: how
@@ -263,6 +266,34 @@ func (s *State) begin(ctx context.Context) (func(), error) {
 	s.cp = cp
 	s.mu.Unlock()
 	return held.Release, nil
+}
+
+// Exclusive runs fn under the node lock with the checkpoint as it is now:
+// no prepare or unprepare of this or the other driver instance runs until
+// it returns, so what fn checks stays true while it acts (driver/vfcount
+// changes a PF's VF count there).
+func (s *State) Exclusive(ctx context.Context, fn func(cp *checkpoint.File) error) error {
+	release, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.mu.Lock()
+	cp := s.cp.Clone()
+	s.mu.Unlock()
+	return fn(cp)
+}
+
+// PreparedVFs maps the VFs the checkpoint holds to their claims
+// ("namespace/name"), read without the lock (it may be stale).
+func PreparedVFs(cp *checkpoint.File) map[string]string {
+	out := map[string]string{}
+	for _, c := range cp.Claims {
+		for _, d := range c.Devices {
+			out[d.BDF] = c.Namespace + "/" + c.Name
+		}
+	}
+	return out
 }
 
 func (s *State) hook(step string) {
@@ -452,6 +483,9 @@ func (s *State) Unprepare(ctx context.Context, claims []kubeletplugin.Namespaced
 			logger.V(2).Info("Unprepare: claim not prepared by this driver, nothing to undo")
 		}
 		out[c.UID] = err
+	}
+	if s.opts.AfterUnprepare != nil {
+		s.opts.AfterUnprepare()
 	}
 	return out, nil
 }

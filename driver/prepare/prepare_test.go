@@ -507,3 +507,55 @@ func TestPrepareRefusesSharedIOMMUGroup(t *testing.T) {
 		t.Fatalf("host after refused prepare:\n%s\nwant\n%s", got, before)
 	}
 }
+
+// Exclusive holds the node lock: a prepare asked meanwhile cannot take it
+// (here with a context that is already over, so it gives up instead of
+// waiting), and fn sees the checkpoint as it is (what a VF count change
+// checks before its writes). AfterUnprepare runs after every Unprepare.
+func TestExclusiveAndAfterUnprepare(t *testing.T) {
+	t.Parallel()
+	e := preparetest.NewEnv(t, "", simhost.E810Host())
+	c := preparetest.Claim("ns", "c1", "uid-1", []string{vf1})
+	e.AddClaim(t, c)
+	opts := e.Options(nil)
+	unprepared := 0
+	opts.AfterUnprepare = func() { unprepared++ }
+	s, err := prepare.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = s.Exclusive(context.Background(), func(cp *checkpoint.File) error {
+		if len(prepare.PreparedVFs(cp)) != 0 {
+			return errors.New("checkpoint not empty before the prepare")
+		}
+		if _, err := s.Prepare(gone, []*resourceapi.ResourceClaim{c}); err == nil || !strings.Contains(err.Error(), "node lock") {
+			return errors.New("a prepare got past the node lock Exclusive holds")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prepare.PreparedVFs(s.Snapshot())) != 0 {
+		t.Fatal("the refused prepare changed the checkpoint")
+	}
+	if r := prepareOne(t, s, c); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := s.Exclusive(context.Background(), func(cp *checkpoint.File) error {
+		if got := prepare.PreparedVFs(cp)[vf1BDF]; got != "ns/c1" {
+			return errors.New("checkpoint names " + got + " for " + vf1BDF + ", want ns/c1")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unprepareOne(t, s, c); err != nil {
+		t.Fatal(err)
+	}
+	if unprepared != 1 {
+		t.Fatalf("AfterUnprepare called %d times, want 1", unprepared)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
@@ -50,6 +51,20 @@ type LoopOptions struct {
 	OnScan func(pfs []sysfs.PF, res discovery.Result)
 	// OnPublish, if set, sees every successful publication (metrics).
 	OnPublish func(t time.Time)
+	// VFCount, if set, applies the configured VF counts (numVFs): every
+	// scan plans, publishes the taints of due changes, then applies them.
+	VFCount VFCounter
+	// PendingInterval is how often to rescan while a VF count change is
+	// due or blocked (0: the normal interval), so it is applied soon after
+	// the claims in its way are gone.
+	PendingInterval time.Duration
+}
+
+// VFCounter is the part of vfcount.Reconciler the loop drives.
+type VFCounter interface {
+	Plan(ctx context.Context, cfg *nodeconfig.Config, pfs []sysfs.PF) []vfcount.Plan
+	Apply(ctx context.Context, plans []vfcount.Plan) bool
+	Waiting() bool
 }
 
 // Loop rescans the host and republishes only when the offered devices or
@@ -66,6 +81,7 @@ type Loop struct {
 	haveCfg   bool
 	published []discovery.Device
 	taints    Taints // of published, guarded by pubMu
+	changing  Taints // VF count change taints of published, guarded by pubMu
 	didPub    bool
 	kick      chan struct{}
 	lastWhy   string
@@ -90,15 +106,29 @@ func (l *Loop) Trigger() {
 // valid configuration was ever loaded (start-up must fail); later ones are
 // logged and the last valid configuration stays in effect.
 func (l *Loop) Scan(ctx context.Context) (bool, error) {
-	logger := klog.FromContext(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	published, plans, err := l.scan(ctx)
+	if err != nil || l.opts.VFCount == nil {
+		return published, err
+	}
+	// The taints of due changes are out: make the changes, then publish
+	// the VFs as they are now.
+	if !l.opts.VFCount.Apply(ctx, plans) {
+		return published, nil
+	}
+	again, _, err := l.scan(ctx)
+	return published || again, err
+}
+
+func (l *Loop) scan(ctx context.Context) (bool, []vfcount.Plan, error) {
+	logger := klog.FromContext(ctx)
 
 	if l.opts.LoadConfig != nil {
 		cfg, err := l.opts.LoadConfig()
 		switch {
 		case err != nil && !l.haveCfg:
-			return false, err
+			return false, nil, err
 		case err != nil:
 			if msg := err.Error(); msg != l.lastCfgEr {
 				logger.Error(err, "Node configuration is invalid, keeping the previous one; fix the file")
@@ -119,7 +149,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	}
 	pfs, err := l.opts.Discoverer.Discover(dctx)
 	if err != nil {
-		return false, fmt.Errorf("discover SR-IOV devices: %w", err)
+		return false, nil, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
 	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
@@ -128,14 +158,20 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	res, err := discovery.Build(pfs, l.cfg, dopts)
 	if err != nil {
 		if !l.didPub {
-			return false, err
+			return false, nil, err
 		}
 		// The configuration matches some new PF twice: keep what is published.
 		logger.Error(err, "Node configuration is ambiguous for this host, keeping the published devices")
-		return false, nil
+		return false, nil, nil
 	}
 	if l.opts.OnScan != nil {
 		l.opts.OnScan(pfs, res)
+	}
+	var plans []vfcount.Plan
+	changing := Taints{}
+	if l.opts.VFCount != nil {
+		plans = l.opts.VFCount.Plan(ctx, l.cfg, pfs)
+		changing = vfcount.Taints(plans)
 	}
 	devices, taints := l.withUnhealthyPFs(pfs, res.Devices)
 	if !slices.Equal(res.Skipped, l.lastSkip) {
@@ -144,45 +180,50 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 		}
 		l.lastSkip = res.Skipped
 	}
-	if l.didPub && sameDevices(l.published, devices) && maps.Equal(l.taints, taints) {
+	if l.didPub && sameDevices(l.published, devices) && maps.Equal(l.taints, taints) && maps.Equal(l.changing, changing) {
 		if v := logger.V(4); v.Enabled() {
-			v.Info("Rescan changed nothing", "digest", Digest(DriverResources(l.opts.NodeName, l.published, l.taints)))
+			v.Info("Rescan changed nothing", "digest", Digest(DriverResourcesWith(l.opts.NodeName, l.published, l.taints, l.changing)))
 		}
-		return false, nil
+		return false, plans, nil
 	}
 	if res.Why != "" && res.Why != l.lastWhy {
 		logger.Info(res.Why)
 	}
 	l.lastWhy = res.Why
-	resources := DriverResources(l.opts.NodeName, devices, taints)
+	resources := DriverResourcesWith(l.opts.NodeName, devices, taints, changing)
 	if err := l.opts.Publisher.PublishResources(ctx, resources); err != nil {
-		return false, fmt.Errorf("publish ResourceSlices: %w", err)
+		return false, nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	l.logTaintChanges(logger, devices, taints)
 	logger.Info("Published ResourceSlices", "pool", l.opts.NodeName, "devices", len(devices),
-		"tainted", len(taints), "slices", len(resources.Pools[l.opts.NodeName].Slices), "digest", Digest(resources))
+		"tainted", len(taints), "countChange", len(changing), "slices", len(resources.Pools[l.opts.NodeName].Slices), "digest", Digest(resources))
 	if l.opts.OnPublish != nil {
 		l.opts.OnPublish(time.Now())
 	}
 	l.pubMu.Lock()
-	l.published, l.taints = devices, taints
+	l.published, l.taints, l.changing = devices, taints, changing
 	l.pubMu.Unlock()
 	l.didPub = true
-	return true, nil
+	return true, plans, nil
 }
 
 // Run rescans every interval until ctx ends. Errors are logged, never fatal:
 // a transient sysfs or API problem must not take offered VFs away.
 func (l *Loop) Run(ctx context.Context, interval time.Duration) {
 	logger := klog.FromContext(ctx)
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
+		wait := interval
+		if p := l.opts.PendingInterval; l.opts.VFCount != nil && p > 0 && p < wait && l.opts.VFCount.Waiting() {
+			wait = p
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		case <-l.kick:
+			t.Stop()
 		}
 		if _, err := l.Scan(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			logger.Error(err, "Rescan failed, will retry", "interval", interval)

@@ -40,6 +40,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
@@ -82,6 +83,13 @@ func PFTaints(pfs []sysfs.PF, devices []discovery.Device) Taints {
 // tells the scheduler the driver runs and has nothing, which "no pool" does
 // not.
 func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
+	return PoolWith(devices, taints, nil)
+}
+
+// PoolWith is Pool where the devices in changing also carry the
+// vfcount.TaintKey taint with their value: a VF count change will destroy
+// them.
+func PoolWith(devices []discovery.Device, taints, changing Taints) resourceslice.Pool {
 	pool := resourceslice.Pool{}
 	var cur []resourceapi.Device
 	curTainted := false
@@ -92,7 +100,9 @@ func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
 		cur, curTainted = nil, false
 	}
 	for _, d := range devices {
-		reason, tainted := taints[d.Name]
+		reason, unhealthy := taints[d.Name]
+		change, changes := changing[d.Name]
+		tainted := unhealthy || changes
 		if len(cur) == MaxDevicesPerSlice || len(cur) >= MaxTaintedDevicesPerSlice && (curTainted || tainted) {
 			flush()
 		}
@@ -100,10 +110,13 @@ func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
 			cur = make([]resourceapi.Device, 0, min(len(devices), MaxDevicesPerSlice))
 		}
 		rd := d.ResourceDevice()
-		if tainted {
-			rd.Taints = []resourceapi.DeviceTaint{{Key: TaintKey, Value: reason, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-			curTainted = true
+		if unhealthy {
+			rd.Taints = append(rd.Taints, resourceapi.DeviceTaint{Key: TaintKey, Value: reason, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
+		if changes {
+			rd.Taints = append(rd.Taints, resourceapi.DeviceTaint{Key: vfcount.TaintKey, Value: change, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+		}
+		curTainted = curTainted || tainted
 		cur = append(cur, rd)
 	}
 	flush()
@@ -115,7 +128,13 @@ func Pool(devices []discovery.Device, taints Taints) resourceslice.Pool {
 
 // DriverResources returns the single pool, named after the node.
 func DriverResources(nodeName string, devices []discovery.Device, taints Taints) resourceslice.DriverResources {
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: Pool(devices, taints)}}
+	return DriverResourcesWith(nodeName, devices, taints, nil)
+}
+
+// DriverResourcesWith is DriverResources with the VF count change taints
+// (PoolWith).
+func DriverResourcesWith(nodeName string, devices []discovery.Device, taints, changing Taints) resourceslice.DriverResources {
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: PoolWith(devices, taints, changing)}}
 }
 
 // Digest is a short hash of what resources publishes. Two driver instances

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vflink"
@@ -335,5 +336,36 @@ func TestLoopWithholdsUnresolvablePFs(t *testing.T) {
 	resolveErr = nil
 	if changed, err := l.Scan(ctx); err != nil || !changed || pub.lastDevices("n") != 4 {
 		t.Fatalf("resolvable again: changed %v, %d devices, %v", changed, pub.lastDevices("n"), err)
+	}
+}
+
+// A VF count change taint counts as a taint for the slice size limit and
+// sits next to the health taint on a device that has both.
+func TestPoolWithCountChangeTaints(t *testing.T) {
+	t.Parallel()
+	devs := devices(200)
+	changing := Taints{}
+	for _, d := range devs[:100] {
+		changing[d.Name] = vfcount.TaintRecreating
+	}
+	health := Taints{devs[0].Name: "link-down"}
+	pool := PoolWith(devs, health, changing)
+	var got []int
+	for _, s := range pool.Slices {
+		got = append(got, len(s.Devices))
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]int{64, 64, 72}) {
+		t.Fatalf("slices %v, want [64 64 72]", got)
+	}
+	first := pool.Slices[0].Devices[0]
+	want := []resourceapi.DeviceTaint{
+		{Key: TaintKey, Value: "link-down", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		{Key: vfcount.TaintKey, Value: vfcount.TaintRecreating, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+	}
+	if fmt.Sprint(first.Taints) != fmt.Sprint(want) {
+		t.Fatalf("device %s taints %+v, want %+v", first.Name, first.Taints, want)
+	}
+	if last := pool.Slices[2].Devices[71]; len(last.Taints) != 0 {
+		t.Fatalf("device %s outside the change has taints %+v", last.Name, last.Taints)
 	}
 }

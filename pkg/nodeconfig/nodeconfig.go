@@ -16,6 +16,7 @@
 //	  network: physnet-b
 //	  vfs: [0, "2", "4-7"]    # optional: VF indexes (integers or "N" / "N-M" ranges)
 //	  allowSwitchdev: true    # optional: offer VFs even if the PF's e-switch is in switchdev mode
+//	  numVFs: 8               # optional: vfnet makes the PF have exactly 8 VFs (sriov_numvfs)
 //	allowUnsafeNoIOMMU: true  # optional: offer VFs without IOMMU protection (vfio noiommu mode)
 //
 // allowSwitchdev: in switchdev mode VF traffic follows the flows on the VF
@@ -25,6 +26,11 @@
 // enable_unsafe_noiommu_mode a VF without an IOMMU group can be bound to
 // vfio-pci, but nothing stops the guest's DMA from reaching host memory;
 // without the opt-in such VFs are not offered.
+//
+// numVFs: without it vfnet never writes sriov_numvfs (the VFs are another
+// tool's business); with it the driver brings every PF the selector matches
+// to that many VFs (driver/vfcount), waiting while any of the PF's VFs is in
+// use.
 //
 // A selector names at least one of pfName, pciAddress, vendorID, deviceID;
 // when it names several, a PF must match all of them. Without vfs, every VF
@@ -88,6 +94,9 @@ type Selector struct {
 	VFs *IndexSet
 	// AllowSwitchdev offers the VFs of a PF whose e-switch is in switchdev mode.
 	AllowSwitchdev bool
+	// NumVFs is the VF count vfnet keeps the PF at; nil: vfnet never
+	// changes it.
+	NumVFs *int
 }
 
 // IndexSet is a set of VF indexes built from integers and "N-M" ranges.
@@ -209,8 +218,11 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 		fe.add(path, "got %s, must be a mapping with network and at least one of pfName, pciAddress, vendorID, deviceID", describe(raw))
 		return s
 	}
-	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs", "allowSwitchdev")
+	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs", "allowSwitchdev", "numVFs")
 	s.AllowSwitchdev = boolField(fe, path+".allowSwitchdev", m)
+	if raw, present := m["numVFs"]; present {
+		s.NumVFs = parseNumVFs(fe, path+".numVFs", raw)
+	}
 	str := func(key string) (string, bool) {
 		v, present := m[key]
 		if !present {
@@ -272,6 +284,21 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 		s.VFs = parseVFs(fe, path+".vfs", raw)
 	}
 	return s
+}
+
+// parseNumVFs reads a VF count: sriov_numvfs is a 16-bit value.
+func parseNumVFs(fe *fieldErrors, path string, raw any) *int {
+	num, ok := raw.(json.Number)
+	if !ok {
+		fe.add(path, "got %s, must be a non-negative integer: the number of VFs vfnet creates on the PF (omit it to leave sriov_numvfs alone)", describe(raw))
+		return nil
+	}
+	n, err := strconv.Atoi(num.String())
+	if err != nil || n < 0 || n > MaxVFIndex {
+		fe.add(path, "%s is not a VF count: use an integer from 0 to %d (at most the PF's sriov_totalvfs)", num.String(), MaxVFIndex)
+		return nil
+	}
+	return &n
 }
 
 func parseVFs(fe *fieldErrors, path string, raw any) *IndexSet {
@@ -411,6 +438,8 @@ type Selected struct {
 	Network  string
 	// VFs limits the exposed VF indexes; nil exposes all.
 	VFs *IndexSet
+	// NumVFs is the selector's VF count (nil: not managed by vfnet).
+	NumVFs *int
 }
 
 // Select returns the PFs the configuration selects, in the order of pfs. A
@@ -435,7 +464,7 @@ func (c *Config) Select(pfs []sysfs.PF) ([]Selected, error) {
 				continue
 			}
 			first = j
-			out = append(out, Selected{PF: pf, Selector: j, Network: sel.Network, VFs: sel.VFs})
+			out = append(out, Selected{PF: pf, Selector: j, Network: sel.Network, VFs: sel.VFs, NumVFs: sel.NumVFs})
 		}
 	}
 	if len(errs) > 0 {

@@ -56,6 +56,19 @@ func TestParseOptIns(t *testing.T) {
 	}
 }
 
+// numVFs is optional: absent means vfnet never writes sriov_numvfs, and
+// 0 is a valid request (remove every VF).
+func TestParseNumVFs(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse([]byte(header+"pfs:\n- pfName: a\n  network: net-a\n  numVFs: 7\n- pfName: b\n  network: net-b\n- pfName: c\n  network: net-c\n  numVFs: 0\n"), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PFs[0].NumVFs == nil || *cfg.PFs[0].NumVFs != 7 || cfg.PFs[1].NumVFs != nil || cfg.PFs[2].NumVFs == nil || *cfg.PFs[2].NumVFs != 0 {
+		t.Fatalf("numVFs not read: %+v", cfg.PFs)
+	}
+}
+
 // pfName matches the uplink, never a representor listed under the PF.
 func TestPFNameMatchesUplinkOnly(t *testing.T) {
 	t.Parallel()
@@ -96,7 +109,7 @@ func TestParseErrors(t *testing.T) {
 		"pfs not a list":    {header + "pfs: {pfName: a}\n", []string{"pfs: got a mapping, must be a list"}},
 		"selector scalar":   {header + "pfs: [eth0]\n", []string{"pfs[0]: got \"eth0\", must be a mapping"}},
 		"unknown pf field": {header + "pfs:\n- pfName: a\n  network: n\n- pfName: b\n  network: n\n  netwrk: x\n",
-			[]string{"cfg.yaml: pfs[1].netwrk: unknown field; allowed fields here: pfName, pciAddress, vendorID, deviceID, network, vfs, allowSwitchdev"}},
+			[]string{"cfg.yaml: pfs[1].netwrk: unknown field; allowed fields here: pfName, pciAddress, vendorID, deviceID, network, vfs, allowSwitchdev, numVFs"}},
 		"no criterion":              {header + "pfs:\n- network: n\n", []string{"pfs[0]: selects every PF"}},
 		"missing network":           {header + "pfs:\n- pfName: a\n", []string{"pfs[0].network: missing"}},
 		"network not label":         {header + "pfs:\n- pfName: a\n  network: Phys_Net\n", []string{"pfs[0].network: \"Phys_Net\" is not a DNS label"}},
@@ -115,6 +128,10 @@ func TestParseErrors(t *testing.T) {
 		"vfs float":                 {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [1.5]\n", []string{"pfs[0].vfs[0]: \"1.5\" is not a VF index"}},
 		"vfs bool":                  {header + "pfs:\n- pfName: a\n  network: n\n  vfs: [true]\n", []string{"pfs[0].vfs[0]: got the boolean true"}},
 		"allowSwitchdev string":     {header + "pfs:\n- pfName: a\n  network: n\n  allowSwitchdev: \"yes\"\n", []string{"cfg.yaml: pfs[0].allowSwitchdev: got \"yes\", must be true or false"}},
+		"numVFs negative":           {header + "pfs:\n- pfName: a\n  network: n\n  numVFs: -1\n", []string{"cfg.yaml: pfs[0].numVFs: -1 is not a VF count"}},
+		"numVFs too big":            {header + "pfs:\n- pfName: a\n  network: n\n  numVFs: 65536\n", []string{"cfg.yaml: pfs[0].numVFs: 65536 is not a VF count"}},
+		"numVFs float":              {header + "pfs:\n- pfName: a\n  network: n\n  numVFs: 2.5\n", []string{"pfs[0].numVFs: 2.5 is not a VF count"}},
+		"numVFs string":             {header + "pfs:\n- pfName: a\n  network: n\n  numVFs: \"4\"\n", []string{"cfg.yaml: pfs[0].numVFs: got \"4\", must be a non-negative integer"}},
 		"allowUnsafeNoIOMMU number": {header + "allowUnsafeNoIOMMU: 1\n", []string{"cfg.yaml: allowUnsafeNoIOMMU: got the number 1, must be true or false"}},
 		"several at once": {header + "pfs:\n- pfName: a\n- pfName: b\n  network: B\n",
 			[]string{"pfs[0].network: missing", "pfs[1].network: \"B\""}},

@@ -163,7 +163,8 @@ func (k *Kernel) write(rel string, data []byte) error {
 		case "driver_override":
 			errno = h.setOverride(devDir, string(data))
 		case "sriov_numvfs":
-			errno = h.setNumVFs(bdf, devDir, val)
+			// The store parses the whole buffer, not up to the first newline.
+			errno = h.setNumVFs(bdf, devDir, string(data))
 		case "sriov_drivers_autoprobe":
 			if val != "0" && val != "1" {
 				errno = syscall.EINVAL
@@ -480,14 +481,16 @@ func (h *Host) removeID(drv, val string) error {
 	return syscall.ENODEV
 }
 
-// setNumVFs is sriov_numvfs_store.
-func (h *Host) setNumVFs(bdf, dir, val string) error {
+// setNumVFs is sriov_numvfs_store (drivers/pci/iov.c), check for check in
+// the kernel's order: the value (kstrtou16), the bound (ERANGE above
+// sriov_totalvfs), no change, no PF driver or one without sriov_configure
+// (ENOENT), disable, then EBUSY for a non-zero count over another.
+func (h *Host) setNumVFs(bdf, dir, raw string) error {
 	pf := h.pfs[bdf]
-	n64, err := strconv.ParseUint(strings.TrimSpace(val), 0, 16)
-	if err != nil || pf == nil {
+	n, ok := kstrtou16(raw)
+	if !ok || pf == nil {
 		return syscall.EINVAL
 	}
-	n := int(n64)
 	if n > pf.TotalVFs {
 		return syscall.ERANGE
 	}
@@ -495,8 +498,9 @@ func (h *Host) setNumVFs(bdf, dir, val string) error {
 	if n == cur {
 		return nil
 	}
-	if h.boundDriver(dir) == "" {
-		// "no driver bound to device; cannot configure SR-IOV"
+	if drv := h.boundDriver(dir); drv == "" || !hasSRIOVConfigure(drv) {
+		// "no driver bound to device; cannot configure SR-IOV" and
+		// "driver does not support SR-IOV configuration via sysfs"
 		return syscall.ENOENT
 	}
 	if n != 0 && cur != 0 {
@@ -504,6 +508,36 @@ func (h *Host) setNumVFs(bdf, dir, val string) error {
 		return syscall.EBUSY
 	}
 	return h.run(intent{Op: opNumVFs, BDF: bdf, Dir: dir, N: n})
+}
+
+// kstrtou16 parses like the kernel's kstrtou16(buf, 0, ...): an optional
+// "+", a base prefix (0x hex, 0 octal), digits, at most one trailing
+// newline; anything else (spaces, "_", "-") is EINVAL, as is overflow.
+func kstrtou16(s string) (int, bool) {
+	s = strings.TrimSuffix(s, "\n")
+	s = strings.TrimPrefix(s, "+")
+	base := 10
+	switch {
+	case len(s) > 2 && (s[:2] == "0x" || s[:2] == "0X"):
+		base, s = 16, s[2:]
+	case len(s) > 1 && s[0] == '0':
+		base, s = 8, s[1:]
+	}
+	// An explicit base: ParseUint then refuses signs and "_" as the kernel does.
+	v, err := strconv.ParseUint(s, base, 16)
+	return int(v), err == nil
+}
+
+// hasSRIOVConfigure reports whether a PCI driver implements
+// sriov_configure, which sriov_numvfs needs: the PF drivers the simulation
+// knows and vfio-pci (vfio_pci_sriov_configure) do; pci-stub and the VF
+// drivers do not.
+func hasSRIOVConfigure(drv string) bool {
+	switch drv {
+	case DriverIce, DriverMLX5, DriverIGB, DriverI40E, DriverBNXT, DriverVFIOPCI:
+		return true
+	}
+	return false
 }
 
 func mustRead(t tree, rel string) string {

@@ -391,6 +391,43 @@ func TestSRIOVNumVFs(t *testing.T) {
 	}
 }
 
+// sriov_numvfs_store parses with kstrtou16(buf, 0): base prefixes, one
+// trailing newline, nothing else; a bad value is EINVAL before any other
+// check, and a driver without sriov_configure is ENOENT like no driver.
+func TestSRIOVNumVFsStoreSyntax(t *testing.T) {
+	t.Parallel()
+	spec := E810Host()
+	spec.ExtraDrivers = append(spec.ExtraDrivers, "pci-stub")
+	h := build(t, spec)
+	k := h.Kernel()
+	const pf = "0000:3b:00.1" // sriov_numvfs 0
+	rel := "bus/pci/devices/" + pf + "/sriov_numvfs"
+	for _, bad := range []string{" 2", "2 ", "2\n\n", "1_0", "-1", "65536", "0x", "08", "", "two"} {
+		wantErrno(t, k.WriteFile(rel, []byte(bad)), syscall.EINVAL)
+	}
+	numVFs := func() string {
+		t.Helper()
+		v, _ := os.ReadFile(filepath.Join(h.Root(), rel))
+		return strings.TrimSpace(string(v))
+	}
+	for in, want := range map[string]string{"0x2": "2", "+3": "3", "04\n": "4", "0": "0"} {
+		write(t, h, rel, "0")
+		write(t, h, rel, in)
+		if got := numVFs(); got != want {
+			t.Errorf("wrote %q: sriov_numvfs %s, want %s", in, got, want)
+		}
+	}
+	// Bound to a driver without sriov_configure (pci-stub): ENOENT, the
+	// VF count stays.
+	write(t, h, rel, "0")
+	write(t, h, "bus/pci/drivers/ice/unbind", pf)
+	write(t, h, "bus/pci/devices/"+pf+"/driver_override", "pci-stub")
+	write(t, h, "bus/pci/drivers/pci-stub/bind", pf)
+	wantErrno(t, k.WriteFile(rel, []byte("1")), syscall.ENOENT)
+	// ERANGE comes before the driver check.
+	wantErrno(t, k.WriteFile(rel, []byte("129")), syscall.ERANGE)
+}
+
 func TestPFUnbindDisablesVFs(t *testing.T) {
 	t.Parallel()
 	h := build(t, E810Host())

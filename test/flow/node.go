@@ -49,6 +49,7 @@ type Node struct {
 
 	// healthAddr is where this node's driver serves its probes.
 	healthAddr string
+	extraArgs  []string
 
 	cancelKubelet context.CancelFunc
 	kubeletDone   chan struct{}
@@ -69,6 +70,9 @@ type NodeOptions struct {
 	// NodeConfig is the node-config YAML; empty: the sample from manifests/
 	// (the ConfigMap data the DaemonSet mounts).
 	NodeConfig string
+	// ExtraDriverArgs are appended to the DaemonSet's driver flags (a later
+	// flag wins), e.g. a short --rescan-interval.
+	ExtraDriverArgs []string
 }
 
 // AddNode builds the simulated host, creates the Node and the driver pod,
@@ -78,7 +82,7 @@ func (e *Env) AddNode(ctx context.Context, o NodeOptions) (_ *Node, retErr error
 	n := &Node{env: e, Name: o.Name, Dir: dir,
 		RegistrarDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "plugin"),
 		CDIDir: filepath.Join(dir, "cdi"), PodsDir: filepath.Join(dir, "pods"),
-		NodeConfig: filepath.Join(dir, "node-config.yaml")}
+		NodeConfig: filepath.Join(dir, "node-config.yaml"), extraArgs: o.ExtraDriverArgs}
 	for _, d := range []string{n.RegistrarDir, n.PluginDir, n.CDIDir, n.PodsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -190,7 +194,7 @@ func (n *Node) DriverArgs(kubeconfig string) []string {
 			args = append(args, a)
 		}
 	}
-	return append(args,
+	return append(append(args,
 		"--simulate",
 		"--kubeconfig="+kubeconfig,
 		"--sysfs-root="+n.Host.Root(),
@@ -202,7 +206,7 @@ func (n *Node) DriverArgs(kubeconfig string) []string {
 		"--kubelet-pods-dir="+n.PodsDir,
 		"--health-addr="+n.healthAddr,
 		"-v=4",
-	)
+	), n.extraArgs...)
 }
 
 // checkProbes asks the driver's health server the DaemonSet's liveness and

@@ -42,6 +42,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
 	"github.com/vfnet-io/vfnet/pkg/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/vfioholders"
@@ -164,7 +165,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
-	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { return owned[a] },
+	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { _, ok := owned[a]; return ok },
 		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(h.Links)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
@@ -179,7 +180,24 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	if res.Why != "" {
 		fmt.Fprintf(stderr, "# %s\n", res.Why)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResources(*node, res.Devices, slices.PFTaints(pfs, res.Devices)))
+	// What the driver would do about numVFs; without a cluster only the
+	// checkpoint's claims can block a change.
+	var vfs []sysfs.VF
+	for i := range pfs {
+		vfs = append(vfs, pfs[i].VFs...)
+	}
+	held, err := vfcount.HeldVFs(vfs, groupHolders(*procRoot, *devRoot))
+	if err != nil {
+		fmt.Fprintf(stderr, "# numVFs: cannot tell which VFs on vfio-pci are held open: %v\n", err)
+	}
+	plans := vfcount.Plans(cfg, pfs, host, vfcount.Usage{Prepared: owned, Held: held})
+	for _, p := range plans {
+		fmt.Fprintf(stderr, "# numVFs: %s\n", p)
+		if p.State == vfcount.Pending {
+			fmt.Fprintf(stderr, "# numVFs: PF %s: the driver also waits for claims allocated to its VFs, which inspect cannot see (no cluster access)\n", p.PF)
+		}
+	}
+	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResourcesWith(*node, res.Devices, slices.PFTaints(pfs, res.Devices), vfcount.Taints(plans)))
 	for i := range out {
 		b, err := yaml.Marshal(&out[i])
 		if err != nil {
@@ -224,8 +242,8 @@ func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string,
 
 // checkpointVFs reads the running driver's checkpoint without changing
 // anything, leniently (a diagnostic tool should still say what it can):
-// the VFs vfnet prepared, bound to vfio-pci by vfnet.
-func checkpointVFs(path string) (map[string]bool, error) {
+// the VFs vfnet prepared, bound to vfio-pci by vfnet, and their claims.
+func checkpointVFs(path string) (map[string]string, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -237,13 +255,7 @@ func checkpointVFs(path string) (map[string]bool, error) {
 	if err := json.Unmarshal(data, &f); err != nil || f.Version != checkpoint.Version {
 		return nil, fmt.Errorf("checkpoint %s unreadable (version %d, want %d): %v", path, f.Version, checkpoint.Version, err)
 	}
-	owned := map[string]bool{}
-	for _, c := range f.Claims {
-		for _, d := range c.Devices {
-			owned[d.BDF] = true
-		}
-	}
-	return owned, nil
+	return prepare.PreparedVFs(&f), nil
 }
 
 func loadConfig(path string) (*nodeconfig.Config, error) {
@@ -260,6 +272,7 @@ type driverFlags struct {
 	kubeletPodsDir, procRoot, bindingName            string
 	healthAddr, hostNetns                            string
 	simulate                                         bool
+	pendingInterval                                  time.Duration
 }
 
 func runDriver(args []string, stderr io.Writer, sim Simulator) int {
@@ -273,6 +286,7 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
 	fs.DurationVar(&f.rescan, "rescan-interval", 30*time.Second, "how often to rescan sysfs and the node configuration")
 	fs.DurationVar(&f.healthInterval, "health-interval", 10*time.Second, "how often to re-check PF presence and link state for device health")
+	fs.DurationVar(&f.pendingInterval, "vf-count-retry-interval", 5*time.Second, "how often to re-check a VF count change (numVFs) that waits for claims, or for its taints to be published")
 	fs.StringVar(&f.registrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
 	fs.StringVar(&f.pluginDir, "plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory (DRA socket, checkpoint, device metadata)")
 	fs.StringVar(&f.cdiRoot, "cdi-root", "/var/run/cdi", "CDI spec directory (alias --cdi-dir)")
@@ -375,8 +389,8 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
-	if f.rescan <= 0 || f.healthInterval <= 0 {
-		return errors.New("--rescan-interval and --health-interval must be positive")
+	if f.rescan <= 0 || f.healthInterval <= 0 || f.pendingInterval <= 0 {
+		return errors.New("--rescan-interval, --health-interval and --vf-count-retry-interval must be positive")
 	}
 	// A broken configuration must stop the rollout, not publish nothing.
 	if _, err := loadConfig(f.config); err != nil {
@@ -463,10 +477,24 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 			return nil
 		},
 		Observer: mx,
+		// A VF count change may have waited for this claim.
+		AfterUnprepare: func() {
+			if l := published.Load(); l != nil {
+				l.Trigger()
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
+	counts := vfcount.New(vfcount.Options{
+		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Events: events, Holders: holders,
+		Prepared: func() map[string]string { return prepare.PreparedVFs(state.Snapshot()) },
+		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error {
+			return state.Exclusive(ctx, func(cp *checkpoint.File) error { return fn(prepare.PreparedVFs(cp)) })
+		},
+		Allocated: vfcount.APIAllocated(kube, discovery.DriverName, f.nodeName),
+	})
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: kube,
 		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
@@ -484,6 +512,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 		OnPublish:  mx.Published,
+		VFCount:    counts, PendingInterval: f.pendingInterval,
 	})
 	published.Store(loop)
 	// The first publish waits for the ResourceSlice informer to sync; a

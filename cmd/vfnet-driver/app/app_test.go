@@ -3,6 +3,7 @@ package app_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app"
 	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app/simulate"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 )
 
@@ -426,6 +428,74 @@ func TestInspectWrongNetns(t *testing.T) {
 		code := app.Main([]string{"inspect", sim, "--sysfs-root", h.Root(), "--node-name", "n", "--host-netns", missing}, &out, &errOut, simulate.Open)
 		if code != 1 || !strings.Contains(errOut.String(), "--host-netns: network namespace "+missing) || !strings.Contains(errOut.String(), "hostPID: true") {
 			t.Errorf("%s, missing namespace: exit %d, stderr %s", sim, code, errOut.String())
+		}
+	}
+}
+
+// inspect says per numVFs PF what the driver would do: create, wait for a
+// prepared VF's claim (and taint the VFs in the slices it prints), refuse
+// with the fix; it changes nothing.
+func TestInspectNumVFs(t *testing.T) {
+	t.Parallel()
+	h := buildSim(t, simhost.MixedHost())
+	pluginDir := t.TempDir()
+	cp := &checkpoint.File{Version: checkpoint.Version, Claims: map[types.UID]*checkpoint.Claim{
+		"uid-1": {Namespace: "vms", Name: "vm-a", Phase: checkpoint.PhasePrepared, Devices: []checkpoint.Device{{BDF: "0000:3b:02.1", Device: "vf-0000-3b-02-1"}}},
+	}}
+	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Save(cp); err != nil {
+		t.Fatal(err)
+	}
+	cfg := `apiVersion: vfnet.io/v1alpha1
+kind: NodeConfig
+pfs:
+- pfName: enp59s0f0
+  network: physnet-a
+  numVFs: 2
+- pfName: enp59s0f1
+  network: physnet-b
+  numVFs: 3
+- pfName: enp1s0f0
+  network: physnet-c
+  numVFs: 8
+- pfName: enp2s0
+  network: physnet-d
+  numVFs: 1
+`
+	stdout, stderr := inspect(t, h, cfg, "--plugin-dir", pluginDir)
+	for _, want := range []string{
+		"# numVFs: PF 0000:3b:00.0 (enp59s0f0): waiting to replace its 4 VFs by 2",
+		"VF 1 (0000:3b:02.1) prepared for claim vms/vm-a",
+		"# numVFs: PF 0000:3b:00.1 (enp59s0f1): create 3 VFs",
+		"# numVFs: PF 0000:01:00.0 (enp1s0f0): not changing its VFs: ",
+		"pfs[2].numVFs is 8, above the PF's sriov_totalvfs 7: set it to at most 7",
+		"# numVFs: PF 0000:02:00.0 (enp2s0): not changing its VFs: ",
+		"has no SR-IOV capability",
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("inspect stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	tainted := map[string]string{}
+	for _, s := range decodeSlices(t, stdout) {
+		for _, d := range s.Spec.Devices {
+			for _, tn := range d.Taints {
+				if tn.Key == vfcount.TaintKey {
+					tainted[d.Name] = tn.Value
+				}
+			}
+		}
+	}
+	want := map[string]string{"vf-0000-3b-02-0": "recreating", "vf-0000-3b-02-1": "recreating", "vf-0000-3b-02-2": "removing", "vf-0000-3b-02-3": "removing"}
+	if fmt.Sprint(tainted) != fmt.Sprint(want) {
+		t.Errorf("count taints %v, want %v", tainted, want)
+	}
+	pfs, err := h.Sysfs().Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pf := range pfs {
+		if pf.Address == "0000:3b:00.1" && pf.NumVFs != 0 {
+			t.Errorf("inspect changed %s to %d VFs", pf.Address, pf.NumVFs)
 		}
 	}
 }

@@ -45,6 +45,7 @@ func caseTests() map[string]string {
 		"sharedgroup": "TestSharedIOMMUGroup",
 		"trace":       "TestKernelTrace",
 		"recreate":    "TestRecreatedVFs",
+		"numvfs":      "TestNumVFs",
 		"vm":          "TestVMOnVF",
 	}
 }

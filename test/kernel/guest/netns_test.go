@@ -153,6 +153,13 @@ type driverProc struct {
 // directories under dir (the same dir for a restart) and registers it.
 func (m *machine) startDriver(t *testing.T, ctx context.Context, ns, dir string) *driverProc {
 	t.Helper()
+	return m.startDriverWith(t, ctx, ns, dir, m.writeNodeConfig(t))
+}
+
+// startDriverWith is startDriver with the node config file cfg and extra
+// flags.
+func (m *machine) startDriverWith(t *testing.T, ctx context.Context, ns, dir, cfg string, extra ...string) *driverProc {
+	t.Helper()
 	regDir, pluginDir := filepath.Join(dir, "reg"), filepath.Join(dir, "plugin")
 	for _, d := range []string{regDir, pluginDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -160,9 +167,10 @@ func (m *machine) startDriver(t *testing.T, ctx context.Context, ns, dir string)
 		}
 	}
 	args := []string{layout.Driver, "--node-name", nodeName, "--kubeconfig", layout.Kubeconfig,
-		"--sysfs-root", "/sys", "--dev-root", "/dev", "--config", m.writeNodeConfig(t),
+		"--sysfs-root", "/sys", "--dev-root", "/dev", "--config", cfg,
 		"--registrar-dir", regDir, "--plugin-dir", pluginDir, "--cdi-root", filepath.Join(dir, "cdi"),
 		"--kubelet-pods-dir", filepath.Join(dir, "pods"), "--host-netns", vflink.DefaultHostNetns}
+	args = append(args, extra...)
 	d := &driverProc{cmd: exec.Command("/proc/self/exe", append([]string{execInNetnsArg, ns}, args...)...),
 		exited: make(chan error, 1), logs: &syncBuf{}}
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs

@@ -97,7 +97,9 @@ const (
 
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
-func NeedsAPIServer(c string) bool { return c == "netns" || c == "crash" || c == "vm" }
+func NeedsAPIServer(c string) bool {
+	return c == "netns" || c == "crash" || c == "numvfs" || c == "vm"
+}
 
 // NeedsVirt reports whether a case runs libvirt and QEMU inside the guest
 // (their files make the initramfs about 250 MiB larger).
@@ -129,5 +131,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "vm"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs", "vm"}
 }
