@@ -27,12 +27,24 @@ const arch = "amd64"
 // No SR-IOV, GPU or generic host devices are passed: a binding-plugin
 // interface is not one KubeVirt turns into a hostdev itself.
 func Domain(c Case) (*api.Domain, error) {
+	return convert(c, true)
+}
+
+// DomainEmulated is Domain for a launcher without /dev/kvm under KubeVirt's
+// useEmulation setting: the converter context's HypervisorDeviceAvailable is
+// false and AllowEmulation true (as virt-handler passes it), so the
+// converter makes a type="qemu" (TCG) domain.
+func DomainEmulated(c Case) (*api.Domain, error) {
+	return convert(c, false)
+}
+
+func convert(c Case, hypervisorDeviceAvailable bool) (*api.Domain, error) {
 	vmi := c.VMI.DeepCopy()
 	ctx := &convertertypes.ConverterContext{
 		Architecture:                    archconverter.NewConverter(arch),
 		VirtualMachine:                  vmi,
 		AllowEmulation:                  true,
-		HypervisorDeviceAvailable:       true,
+		HypervisorDeviceAvailable:       hypervisorDeviceAvailable,
 		HostArchitecture:                arch,
 		SMBios:                          &cmdv1.SMBios{},
 		MemBalloonStatsPeriod:           10,

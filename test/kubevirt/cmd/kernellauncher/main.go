@@ -1,0 +1,578 @@
+// Command kernellauncher does, inside the real-kernel test guest, what
+// KubeVirt v1.9.0's virt-launcher does to define and start the example VM
+// (manifests/examples/vm.yaml) on a real libvirtd (session mode, uid 107)
+// with the real vfnet-binding sidecar: KubeVirt's converter, KubeVirt's hook
+// manager (pkg/hooks) calling the sidecar on every define, the q35 hotplug
+// port allocation, then virDomainCreateWithFlags.
+//
+// It is built static (CGO_ENABLED=0), so KubeVirt's packages that link
+// libvirt.org/go/libvirt (the virtwrap manager, virtwrap/network,
+// virtwrap/util) cannot be imported: the steps of theirs that matter are
+// reproduced here, each naming the function it reproduces, and libvirt is
+// reached over its RPC protocol with github.com/digitalocean/go-libvirt.
+//
+// Output protocol (stdout): one line per step,
+//
+//	VFNET-LAUNCHER step <name> <duration> <details>
+//
+// every change made to the VMI beyond what virt-controller and virt-api
+// produce,
+//
+//	VFNET-LAUNCHER change: <what> (<why>)
+//
+// then exactly one of `VFNET-LAUNCHER OK` (exit 0) or
+// `VFNET-LAUNCHER ERROR <msg>` (exit 1).
+package main
+
+import (
+	"encoding/xml"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+	"k8s.io/apimachinery/pkg/api/resource"
+	v1 "kubevirt.io/api/core/v1"
+
+	containerdisk "kubevirt.io/kubevirt/pkg/container-disk"
+	"kubevirt.io/kubevirt/pkg/defaults"
+	"kubevirt.io/kubevirt/pkg/hooks"
+	"kubevirt.io/kubevirt/pkg/safepath"
+	"kubevirt.io/kubevirt/pkg/unsafepath"
+	kutil "kubevirt.io/kubevirt/pkg/util"
+	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
+	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter"
+	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/virtio"
+
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/golden"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/launcherpod"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/manifestcheck"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/pcieports"
+)
+
+// Prefix starts every line of the output protocol.
+const Prefix = "VFNET-LAUNCHER "
+
+// Constants of KubeVirt v1.9.0's manager.go (hotplug port calculation).
+const (
+	hotplugLargeMemoryThreshold            = 2 * 1024 * 1024 * 1024
+	hotplugLargeMemoryDefaultTotalPorts    = 16
+	hotplugLargeMemoryMinRequiredFreePorts = 6
+	hotplugDefaultTotalPorts               = 8
+	hotplugMinRequiredFreePorts            = 3
+	// maxPCIBusIndex: pcie-root-ports sit on bus 0's 32 slots.
+	maxPCIBusIndex = 31
+)
+
+type config struct {
+	vmFile, kubevirtFile      string
+	uid                       string
+	kernelImage               string
+	kernelPath, initrdPath    string
+	kernelArgs                string
+	memory                    string
+	cpuModel                  string
+	libvirtSocket             string
+	hookSidecars              uint
+	hookTimeout               time.Duration
+	out                       string
+	defineOnly, v110, cleanup bool
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.vmFile, "vm", "manifests/examples/vm.yaml", "the example VirtualMachine")
+	flag.StringVar(&c.kubevirtFile, "kubevirt", "manifests/kubevirt/binding-patch.yaml", "the KubeVirt CR patch registering the vfnet binding")
+	flag.StringVar(&c.uid, "uid", "0b5e6a3c-0000-4000-8000-000000000001", "UID of the VMI")
+	flag.StringVar(&c.kernelImage, "kernel-image", "quay.io/vfnet-io/test-kernel:guest", "spec.domain.firmware.kernelBoot.container.image (never pulled: only names the container)")
+	flag.StringVar(&c.kernelPath, "kernel-path", "/boot/vmlinuz", "kernelBoot.container.kernelPath: the kernel's path inside the kernel-boot volume view "+kutil.VirtKernelBootVolumeDir)
+	flag.StringVar(&c.initrdPath, "initrd-path", "/boot/initrd.img", "kernelBoot.container.initrdPath (empty: none)")
+	flag.StringVar(&c.kernelArgs, "kernel-args", "console=ttyS0", "kernelBoot.kernelArgs")
+	flag.StringVar(&c.memory, "memory", "256Mi", "spec.domain.memory.guest (the example asks 1Gi)")
+	flag.StringVar(&c.cpuModel, "cpu-model", "", "spec.domain.cpu.model (empty: leave KubeVirt's default, host-model)")
+	flag.StringVar(&c.libvirtSocket, "libvirt-socket", filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "libvirt", "libvirt-sock"), "unix socket of the session libvirtd")
+	flag.UintVar(&c.hookSidecars, "hook-sidecars", 1, "hook sidecars the hook manager waits for in "+hooksDir)
+	flag.DurationVar(&c.hookTimeout, "hook-timeout", 2*time.Minute, "how long the hook manager waits for them")
+	flag.StringVar(&c.out, "out", "domain.xml", "live domain XML after start; the inactive XML before start goes to <out>.defined")
+	flag.BoolVar(&c.defineOnly, "define-only", false, "stop after the last define (write <out>.defined only): a domain with a VFIO hostdev cannot start without VFIO")
+	flag.BoolVar(&c.v110, "v110", false, "also apply what KubeVirt's main branch (after v1.9.0, PR 17605) adds to allocateHotplugPorts: hotplug='off' on occupied pcie-root-ports")
+	flag.BoolVar(&c.cleanup, "cleanup", false, "destroy and undefine the domain before exiting (default: leave it defined and, unless -define-only, running, as virt-launcher would)")
+	flag.Parse()
+	if err := run(c); err != nil {
+		fmt.Println(Prefix + "ERROR " + strings.ReplaceAll(err.Error(), "\n", " "))
+		os.Exit(1)
+	}
+	fmt.Println(Prefix + "OK")
+}
+
+// hooksDir is where KubeVirt's hook manager looks for sidecar sockets.
+const hooksDir = "/var/run/kubevirt-hooks"
+
+// step times fn and prints its line.
+func step(name string, fn func() (string, error)) error {
+	start := time.Now()
+	detail, err := fn()
+	d := time.Since(start).Round(100 * time.Microsecond)
+	if err != nil {
+		fmt.Printf("%sstep %s %s failed\n", Prefix, name, d)
+		return fmt.Errorf("step %s: %w", name, err)
+	}
+	fmt.Printf("%sstep %s %s %s\n", Prefix, name, d, detail)
+	return nil
+}
+
+func change(what, why string) { fmt.Printf("%schange: %s (%s)\n", Prefix, what, why) }
+
+type launcher struct {
+	c     config
+	vmi   *v1.VirtualMachineInstance
+	spec  *api.DomainSpec
+	virt  *libvirt.Libvirt
+	hooks hooks.Manager
+	// defines counts defines through the hooks, for the step lines.
+	defines int
+}
+
+func run(c config) error {
+	l := &launcher{c: c}
+	if err := step("vmi", l.makeVMI); err != nil {
+		return err
+	}
+	if err := step("kernel-boot-links", l.linkKernelBootArtifacts); err != nil {
+		return err
+	}
+	if err := step("convert", l.convert); err != nil {
+		return err
+	}
+	if err := step("libvirt-connect", l.connect); err != nil {
+		return err
+	}
+	defer l.virt.Disconnect()
+	if err := step("hook-collect", l.collect); err != nil {
+		return err
+	}
+	var dom libvirt.Domain
+	if err := step("allocate-hotplug-ports", func() (string, error) {
+		var err error
+		dom, err = l.allocateHotplugPorts()
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("defines=%d", l.defines), nil
+	}); err != nil {
+		return err
+	}
+	if c.cleanup {
+		defer l.cleanup(dom)
+	}
+	if err := step("write-defined", func() (string, error) { return l.writeXML(dom, libvirt.DomainXMLInactive, c.out+".defined") }); err != nil {
+		return err
+	}
+	if c.defineOnly {
+		return nil
+	}
+	if err := step("start", func() (string, error) { return l.start(dom) }); err != nil {
+		return err
+	}
+	return step("write-live", func() (string, error) { return l.writeXML(dom, 0, c.out) })
+}
+
+// makeVMI: the VMI virt-controller creates from the VM (VMIFromVM) after
+// virt-api's create mutations (MutateAsVirtAPI: defaults, non-root user 107)
+// under the CR patch, with the guest's unavoidable changes applied to the
+// VM template first, so virt-api derives its defaults from them as it would
+// for a user who wrote them.
+func (l *launcher) makeVMI() (string, error) {
+	objs, err := manifestcheck.DecodeFiles(l.c.kubevirtFile, l.c.vmFile)
+	if err != nil {
+		return "", fmt.Errorf("read -kubevirt %s and -vm %s: %w", l.c.kubevirtFile, l.c.vmFile, err)
+	}
+	if len(objs.KubeVirts) != 1 || len(objs.VMs) != 1 {
+		return "", fmt.Errorf("want one KubeVirt in -kubevirt and one VirtualMachine in -vm, found %d and %d", len(objs.KubeVirts), len(objs.VMs))
+	}
+	cfg, _ := manifestcheck.ClusterConfig(objs.KubeVirts[0].Obj, manifestcheck.RequiredGates...)
+	vmi := launcherpod.VMIFromVM(objs.VMs[0].Obj, l.c.uid)
+	if err := l.guestChanges(vmi); err != nil {
+		return "", err
+	}
+	if err := launcherpod.MutateAsVirtAPI(vmi, cfg); err != nil {
+		return "", err
+	}
+	l.vmi = vmi
+	model := ""
+	if vmi.Spec.Domain.CPU != nil {
+		model = vmi.Spec.Domain.CPU.Model
+	}
+	return fmt.Sprintf("vmi=%s/%s interfaces=%d cpu-model=%q guest-memory=%s", vmi.Namespace, vmi.Name,
+		len(vmi.Spec.Domain.Devices.Interfaces), model, vmi.Spec.Domain.Memory.Guest.String()), nil
+}
+
+// guestChanges are the only differences from the example VM, each printed.
+func (l *launcher) guestChanges(vmi *v1.VirtualMachineInstance) error {
+	spec := &vmi.Spec
+	var removed []string
+	var volumes []v1.Volume
+	for _, v := range spec.Volumes {
+		if v.ContainerDisk != nil {
+			removed = append(removed, v.Name)
+			continue
+		}
+		volumes = append(volumes, v)
+	}
+	if len(removed) == 0 {
+		return fmt.Errorf("the VM in %s has no containerDisk volume to replace by kernel boot: the launcher expects manifests/examples/vm.yaml", l.c.vmFile)
+	}
+	var disks []v1.Disk
+	for _, d := range spec.Domain.Devices.Disks {
+		if !contains(removed, d.Name) {
+			disks = append(disks, d)
+		}
+	}
+	spec.Volumes, spec.Domain.Devices.Disks = volumes, disks
+	if spec.Domain.Firmware == nil {
+		spec.Domain.Firmware = &v1.Firmware{}
+	}
+	spec.Domain.Firmware.KernelBoot = &v1.KernelBoot{
+		KernelArgs: l.c.kernelArgs,
+		Container: &v1.KernelBootContainer{
+			Image:      l.c.kernelImage,
+			KernelPath: l.c.kernelPath,
+			InitrdPath: l.c.initrdPath,
+		},
+	}
+	change(fmt.Sprintf("containerDisk disk+volume %s replaced by spec.domain.firmware.kernelBoot container kernelPath=%s initrdPath=%s kernelArgs=%q",
+		strings.Join(removed, ","), l.c.kernelPath, l.c.initrdPath, l.c.kernelArgs),
+		"the test guest has no container runtime or images; kernel boot is KubeVirt's own feature and boots from files")
+
+	mem, err := resource.ParseQuantity(l.c.memory)
+	if err != nil {
+		return fmt.Errorf("-memory %q: %w (give a Kubernetes quantity such as 256Mi)", l.c.memory, err)
+	}
+	if spec.Domain.Memory == nil {
+		spec.Domain.Memory = &v1.Memory{}
+	}
+	old := "unset"
+	if spec.Domain.Memory.Guest != nil {
+		old = spec.Domain.Memory.Guest.String()
+	}
+	if old != mem.String() {
+		spec.Domain.Memory.Guest = &mem
+		change(fmt.Sprintf("spec.domain.memory.guest %s -> %s", old, mem.String()), "the test guest has about 2 GiB of RAM")
+	}
+	if l.c.cpuModel != "" {
+		if spec.Domain.CPU == nil {
+			spec.Domain.CPU = &v1.CPU{}
+		}
+		spec.Domain.CPU.Model = l.c.cpuModel
+		change("spec.domain.cpu.model "+l.c.cpuModel, "asked by -cpu-model: the default host-model is what KubeVirt uses, set this only where libvirt refuses it under TCG")
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// linkKernelBootArtifacts reproduces the kernel-boot part of v1.9.0's
+// (*LibvirtDomainManager).linkImageVolumeFilePaths (manager.go ~2833): the
+// launcher-view directory containerdisk.GetKernelBootArtifactPathFromLauncherView("")
+// is created and each artifact there is a symlink to the resolved file in
+// the kernel-boot volume view (getKernelBootArtifactPathFromImageVolumeView:
+// safepath.JoinAndResolveWithRelativeRoot(kutil.VirtKernelBootVolumeDir, ...)).
+// The converter's <kernel>/<initrd> name the launcher-view paths.
+func (l *launcher) linkKernelBootArtifacts() (string, error) {
+	if !kutil.HasKernelBootContainerImage(l.vmi) {
+		return "", errors.New("the VMI has no kernelBoot container (step vmi should have added it)")
+	}
+	if err := os.MkdirAll(containerdisk.GetKernelBootArtifactPathFromLauncherView(""), 0o755); err != nil {
+		return "", fmt.Errorf("create the launcher-view kernel-boot dir: %w (the case must make its parent writable by this user)", err)
+	}
+	kb := l.vmi.Spec.Domain.Firmware.KernelBoot.Container
+	var done []string
+	for _, artifact := range []string{kb.KernelPath, kb.InitrdPath} {
+		if artifact == "" {
+			continue
+		}
+		link := containerdisk.GetKernelBootArtifactPathFromLauncherView(artifact)
+		target, err := safepath.JoinAndResolveWithRelativeRoot(kutil.VirtKernelBootVolumeDir, artifact)
+		if err != nil {
+			return "", fmt.Errorf("resolve %s in the kernel-boot volume view %s: %w (the case must put the file at %s)",
+				artifact, kutil.VirtKernelBootVolumeDir, err, filepath.Join(kutil.VirtKernelBootVolumeDir, artifact))
+		}
+		if err := os.Symlink(unsafepath.UnsafeAbsolute(target.Raw()), link); err != nil && !os.IsExist(err) {
+			return "", fmt.Errorf("link %s: %w", link, err)
+		}
+		done = append(done, link+" -> "+unsafepath.UnsafeAbsolute(target.Raw()))
+	}
+	return strings.Join(done, " "), nil
+}
+
+// convert: KubeVirt's converter with virt-launcher's context (golden), the
+// hypervisor device taken from /dev/kvm as virt-launcher does and
+// AllowEmulation (KubeVirt's useEmulation) on, so without KVM the domain is
+// type qemu. Then SyncVMI's SetObjectDefaults_Domain (inside golden).
+func (l *launcher) convert() (string, error) {
+	convertFn := golden.Domain
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		convertFn = golden.DomainEmulated
+	}
+	dom, err := convertFn(golden.Case{Name: l.vmi.Name, VMI: l.vmi})
+	if err != nil {
+		return "", err
+	}
+	l.spec = &dom.Spec
+	// virt-launcher's preStartHook (manager.go) then does nothing that
+	// changes this domain's XML: no cloud-init/ignition/config volumes, no
+	// containerDisk overlay (the disk is gone), no disks for
+	// SetDriverCacheMode/SetOptimalIOMode, and the network phase 2 has no
+	// work for a binding-plugin interface without a domain attachment.
+	return fmt.Sprintf("type=%s machine=%s interfaces=%d kernel=%s", dom.Spec.Type, dom.Spec.OS.Type.Machine,
+		len(dom.Spec.Devices.Interfaces), dom.Spec.OS.Kernel), nil
+}
+
+// connect opens qemu:///session over the given unix socket.
+func (l *launcher) connect() (string, error) {
+	l.virt = libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(l.c.libvirtSocket), dialers.WithLocalTimeout(10*time.Second)))
+	if err := l.virt.ConnectToURI(libvirt.QEMUSession); err != nil {
+		return "", fmt.Errorf("connect to %s over %s: %w (is libvirtd running in session mode as this user?)", libvirt.QEMUSession, l.c.libvirtSocket, err)
+	}
+	v, err := l.virt.ConnectGetLibVersion()
+	if err != nil {
+		return "", fmt.Errorf("libvirt version: %w", err)
+	}
+	return fmt.Sprintf("uri=%s socket=%s libvirt=%d.%d.%d", libvirt.QEMUSession, l.c.libvirtSocket, v/1000000, v/1000%1000, v%1000), nil
+}
+
+// collect: virt-launcher's hooks.GetManager().Collect.
+func (l *launcher) collect() (string, error) {
+	l.hooks = hooks.GetManager()
+	if err := l.hooks.Collect(l.c.hookSidecars, l.c.hookTimeout); err != nil {
+		return "", fmt.Errorf("hook manager Collect of %d sidecars in %s: %w (is vfnet-binding running with --socket-dir %s?)", l.c.hookSidecars, hooksDir, err, hooksDir)
+	}
+	return fmt.Sprintf("sidecars=%d", l.c.hookSidecars), nil
+}
+
+// defineWithHooks reproduces util.SetDomainSpecStrWithHooks: ApplySidecarHooks
+// (the hook manager's OnDefineDomain, the result decoded back into the
+// caller's spec, which is how the sidecar's hostdev reaches later defines),
+// then virConnectDomainDefineXML of the hooks' XML string. The domain plugin
+// hooks (plugins.GetPlugins) are empty: no plugin is configured.
+func (l *launcher) defineWithHooks(spec *api.DomainSpec, why string) (libvirt.Domain, error) {
+	start := time.Now()
+	out, err := l.hooks.OnDefineDomain(spec, l.vmi)
+	if err != nil {
+		return libvirt.Domain{}, fmt.Errorf("define %d (%s): hook manager OnDefineDomain: %w", l.defines+1, why, err)
+	}
+	hookTime := time.Since(start)
+	fromHooks := &api.DomainSpec{}
+	if err := xml.Unmarshal([]byte(out), fromHooks); err != nil {
+		return libvirt.Domain{}, fmt.Errorf("define %d (%s): decode the hooks' domain into api.DomainSpec: %w", l.defines+1, why, err)
+	}
+	fromHooks.DeepCopyInto(spec)
+	dom, err := l.virt.DomainDefineXML(out)
+	if err != nil {
+		return libvirt.Domain{}, fmt.Errorf("define %d (%s): libvirt DomainDefineXML: %w", l.defines+1, why, err)
+	}
+	l.defines++
+	fmt.Printf("%sstep define-%d %s hooks=%s %s\n", Prefix, l.defines, time.Since(start).Round(100*time.Microsecond), hookTime.Round(100*time.Microsecond), why)
+	return dom, nil
+}
+
+// allocateHotplugPorts reproduces v1.9.0's (*LibvirtDomainManager).allocateHotplugPorts
+// (manager.go ~1655), which lookupOrCreateVirDomain calls after preStartHook.
+func (l *launcher) allocateHotplugPorts() (libvirt.Domain, error) {
+	if !defaults.SupportsPCIeHotplug(&l.vmi.Spec) {
+		return l.defineWithHooks(l.spec, "no PCIe hotplug topology")
+	}
+	placeholders, err := placeholderCount(l.vmi)
+	if err != nil {
+		return libvirt.Domain{}, err
+	}
+	extra, err := extraControllerCount(l.vmi, l.spec, placeholders)
+	if err != nil {
+		return libvirt.Domain{}, err
+	}
+	fmt.Printf("%shotplug placeholders=%d extra-root-ports=%d pci-devices-counted=%d memory=%d%s\n", Prefix,
+		placeholders, extra, mustCount(l.spec), l.spec.Memory.Value, l.spec.Memory.Unit)
+	dom, err := l.withNetworkIfacesResources(placeholders)
+	if err != nil {
+		return libvirt.Domain{}, err
+	}
+	// As in v1.9.0: added after the placeholder round, so they get indices
+	// above the ports libvirt already assigned and stay empty.
+	if extra > 0 {
+		appendRootPorts(l.spec, extra)
+		if dom, err = l.defineWithHooks(l.spec, fmt.Sprintf("%d extra pcie-root-ports", extra)); err != nil {
+			return libvirt.Domain{}, err
+		}
+	}
+	return dom, nil
+}
+
+func mustCount(spec *api.DomainSpec) int {
+	n, err := converter.CountPCIDevices(spec)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// placeholderCount reproduces calculatePlaceholderCount: the frozen slot
+// total annotation when present, else calculateHotplugPortCountV1
+// (max(0, 4-interfaces), 0 without interfaces or on the root complex).
+func placeholderCount(vmi *v1.VirtualMachineInstance) (int, error) {
+	ifaces := len(vmi.Spec.Domain.Devices.Interfaces)
+	if s, ok := vmi.Annotations[v1.PciInterfaceSlotCountAnnotation]; ok {
+		total, err := strconv.Atoi(s)
+		if err != nil {
+			return 0, fmt.Errorf("annotation %s=%q is not a number", v1.PciInterfaceSlotCountAnnotation, s)
+		}
+		return max(0, total-ifaces), nil
+	}
+	if vmi.Annotations[v1.PlacePCIDevicesOnRootComplex] == "true" || ifaces == 0 {
+		return 0, nil
+	}
+	return max(0, 4-ifaces), nil
+}
+
+// extraControllerCount reproduces calculateExtraControllerCount with
+// calculateHotplugPortCountV2: desired free ports max(total-inUse, minFree)
+// (8/3, or 16/6 above 2 GiB), minus the placeholders. Called, as in
+// v1.9.0, on the converter's domain before any hook ran, so a binding
+// sidecar's hostdev is not counted in inUse.
+func extraControllerCount(vmi *v1.VirtualMachineInstance, spec *api.DomainSpec, placeholders int) (int, error) {
+	if vmi.Annotations[v1.PlacePCIDevicesOnRootComplex] == "true" {
+		return 0, nil
+	}
+	total, minFree := hotplugDefaultTotalPorts, hotplugMinRequiredFreePorts
+	if spec.Memory.Value > hotplugLargeMemoryThreshold {
+		total, minFree = hotplugLargeMemoryDefaultTotalPorts, hotplugLargeMemoryMinRequiredFreePorts
+	}
+	inUse, err := converter.CountPCIDevices(spec)
+	if err != nil {
+		return 0, fmt.Errorf("converter.CountPCIDevices: %w", err)
+	}
+	return max(0, max(total-inUse, minFree)-placeholders), nil
+}
+
+// withNetworkIfacesResources reproduces virtwrap/network.WithNetworkIfacesResources
+// (nichotplug.go): define a copy with `count` placeholder interfaces
+// (AppendPlaceholderInterfacesToTheDomain / newInterfacePlaceholder) so
+// libvirt adds a pcie-root-port for each, read the inactive XML back, put the
+// original interfaces back into it and take its devices (libvirt's
+// controllers and addresses), then define again.
+func (l *launcher) withNetworkIfacesResources(count int) (libvirt.Domain, error) {
+	if count > 0 {
+		withPlaceholders := l.spec.DeepCopy()
+		model := virtio.InterpretTransitionalModelType(l.vmi.Spec.Domain.Devices.UseVirtioTransitional, l.vmi.Spec.Architecture)
+		for i := 0; i < count; i++ {
+			name := fmt.Sprintf("placeholder-%d", i)
+			withPlaceholders.Devices.Interfaces = append(withPlaceholders.Devices.Interfaces, api.Interface{
+				Type:   "ethernet",
+				Model:  &api.Model{Type: model},
+				Alias:  api.NewNonUserDefinedAlias(name),
+				Target: &api.InterfaceTarget{Device: name, Managed: "no"},
+			})
+		}
+		dom, err := l.defineWithHooks(withPlaceholders, fmt.Sprintf("%d placeholder interfaces", count))
+		if err != nil {
+			return libvirt.Domain{}, err
+		}
+		raw, err := l.virt.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+		if err != nil {
+			return libvirt.Domain{}, fmt.Errorf("read back the inactive XML of the placeholder domain: %w", err)
+		}
+		back := &api.DomainSpec{}
+		if err := xml.Unmarshal([]byte(raw), back); err != nil {
+			return libvirt.Domain{}, fmt.Errorf("decode the inactive XML of the placeholder domain: %w", err)
+		}
+		back.Devices.Interfaces = l.spec.Devices.Interfaces
+		// Only the devices: other sections (e.g. qemu:commandline) are not
+		// guaranteed to come back.
+		back.Devices.DeepCopyInto(&l.spec.Devices)
+	}
+	return l.defineWithHooks(l.spec, "placeholders removed, their root ports kept")
+}
+
+// appendRootPorts reproduces appendPCIeRootPortControllers: pcie-root-port
+// controllers numbered after the highest pci controller index
+// (maxPCIControllerIndex), never beyond bus 0's slot 31.
+func appendRootPorts(spec *api.DomainSpec, count int) {
+	next := 0
+	for _, c := range spec.Devices.Controllers {
+		if c.Type != "pci" {
+			continue
+		}
+		if i, err := strconv.Atoi(c.Index); err == nil && i > next {
+			next = i
+		}
+	}
+	next++
+	for i := 0; i < count && next+i <= maxPCIBusIndex; i++ {
+		spec.Devices.Controllers = append(spec.Devices.Controllers, api.Controller{
+			Type: "pci", Index: strconv.Itoa(next + i), Model: "pcie-root-port",
+		})
+	}
+}
+
+// start reproduces startDomain's virDomainCreateWithFlags with
+// getDomainCreateFlags: paused when the VMI asks to start paused or has a
+// dedicated CPU with an isolated emulator thread. generateCloudInitISO has
+// nothing to do (no cloud-init volume).
+func (l *launcher) start(dom libvirt.Domain) (string, error) {
+	flags := libvirt.DomainNone
+	if l.vmi.ShouldStartPaused() {
+		flags |= libvirt.DomainStartPaused
+	}
+	if l.vmi.IsCPUDedicated() && l.vmi.Spec.Domain.CPU.IsolateEmulatorThread {
+		flags |= libvirt.DomainStartPaused
+	}
+	if _, err := l.virt.DomainCreateWithFlags(dom, uint32(flags)); err != nil {
+		return "", fmt.Errorf("libvirt DomainCreateWithFlags(%d): %w", flags, err)
+	}
+	state, _, err := l.virt.DomainGetState(dom, 0)
+	if err != nil {
+		return "", fmt.Errorf("domain state after start: %w", err)
+	}
+	return fmt.Sprintf("flags=%d state=%d", flags, state), nil
+}
+
+// writeXML writes the domain's XML and summarizes its PCIe root ports.
+func (l *launcher) writeXML(dom libvirt.Domain, flags libvirt.DomainXMLFlags, file string) (string, error) {
+	raw, err := l.virt.DomainGetXMLDesc(dom, flags)
+	if err != nil {
+		return "", fmt.Errorf("DomainGetXMLDesc(%d): %w", flags, err)
+	}
+	if err := os.WriteFile(file, []byte(raw), 0o644); err != nil {
+		return "", fmt.Errorf("write %s: %w", file, err)
+	}
+	r, err := pcieports.Analyze([]byte(raw))
+	if err != nil {
+		return "", fmt.Errorf("read root ports of %s: %w", file, err)
+	}
+	return fmt.Sprintf("file=%s %s", file, r), nil
+}
+
+// cleanup destroys and undefines the domain so the guest can run the case
+// again; errors are printed, not returned (the result is already decided).
+func (l *launcher) cleanup(dom libvirt.Domain) {
+	if active, err := l.virt.DomainIsActive(dom); err == nil && active == 1 {
+		if err := l.virt.DomainDestroy(dom); err != nil {
+			fmt.Printf("%scleanup: destroy %s: %v\n", Prefix, dom.Name, err)
+		}
+	}
+	if err := l.virt.DomainUndefineFlags(dom, libvirt.DomainUndefineNvram); err != nil {
+		fmt.Printf("%scleanup: undefine %s: %v\n", Prefix, dom.Name, err)
+	}
+}
