@@ -246,6 +246,7 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 	}
 	v.Binding, v.Launcher = bins.binding, bins.launcher
 	v.ExampleVM = filepath.Join(repo, "manifests", "examples", "vm.yaml")
+	v.BindingPatch = filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml")
 	v.InnerInitrd = filepath.Join(work, "inner-initrd.cpio")
 	if err := env.BuildInnerInitramfs(v.InnerInitrd); err != nil {
 		t.Fatalf("build the VM's initramfs: %v", err)

@@ -644,8 +644,8 @@ func TestVMOnVF(t *testing.T) {
 	// 4. virt-launcher's part: convert, hooks, define, start.
 	domOut := filepath.Join(pod.vols["private"], "domain.xml")
 	step = time.Now()
-	launcher := pod.start(t, "kernellauncher", pod.binds(compute), append(xdg, "VFNET_STUB_VF="+vf.Address), layout.Launcher,
-		"-vm", layout.ExampleVM, "-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
+	launcher := pod.start(t, "kernellauncher", pod.binds(compute), xdg, layout.Launcher,
+		"-vm", layout.ExampleVM, "-kubevirt", layout.BindingPatch, "-libvirt-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
 		"-memory", vmMemory, "-kernel-path", "/boot/"+layout.InnerKernel, "-initrd-path", "/boot/"+layout.InnerInitrd,
 		"-kernel-args", vmKernelArgs, "-out", "/var/run/kubevirt-private/domain.xml")
 	if err := launcher.wait(t, 10*time.Minute); err != nil {
@@ -703,10 +703,9 @@ func TestVMOnVF(t *testing.T) {
 
 	// 7. Teardown: the domain is destroyed, the pod stops, the driver
 	// unprepares; the VF is back on igbvf as it was.
-	dom, _, _ := liveDomain(t, lv)
-	if err := lv.DomainDestroy(dom); err != nil {
-		t.Fatalf("destroy the domain: %v", err)
-	}
+	step = time.Now()
+	destroyDomain(t, ctx, lv)
+	t.Logf("domain destroyed in %s", time.Since(step).Round(time.Millisecond))
 	pod.stopAll(t)
 	pod.procs = nil
 	// libvirtd started virtlogd for the session; it goes with the pod.
@@ -721,6 +720,34 @@ func TestVMOnVF(t *testing.T) {
 	}
 	m.checkRestored(t, pf, vf, before, false)
 	drv.stop(t)
+}
+
+// destroyDomain destroys the domain as virt-launcher does on a VMI's
+// deletion. libvirt gives QEMU about 15 s to die after SIGKILL and then
+// reports EBUSY although the kill goes on: a QEMU releasing a VFIO device
+// under TCG can take longer. KubeVirt retries; so does this, until libvirt
+// reports the domain shut off.
+func destroyDomain(t *testing.T, ctx context.Context, lv *libvirt.Libvirt) {
+	t.Helper()
+	dom, err := lv.DomainLookupByName(domainName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; ; attempt++ {
+		err := lv.DomainDestroy(dom)
+		state, _, serr := lv.DomainGetState(dom, 0)
+		if serr == nil && libvirt.DomainState(state) == libvirt.DomainShutoff {
+			if err != nil {
+				t.Logf("destroy attempt %d: %v (then shut off)", attempt, err)
+			}
+			return
+		}
+		if ctx.Err() != nil || attempt == 10 {
+			t.Fatalf("destroy the domain: attempt %d: %v (state %d, %v)", attempt, err, state, serr)
+		}
+		t.Logf("destroy attempt %d: %v; trying again", attempt, err)
+		time.Sleep(2 * time.Second)
+	}
 }
 
 // processesNamed lists the pids whose comm starts with one of names.

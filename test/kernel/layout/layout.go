@@ -34,8 +34,11 @@ const (
 	// Launcher is test/kubevirt's kernellauncher: KubeVirt v1.9's converter,
 	// hook manager and virt-launcher's define/start steps (the vm case).
 	Launcher = "/usr/bin/vfnet-kernellauncher"
-	// ExampleVM is manifests/examples/vm.yaml, the VM the vm case runs.
-	ExampleVM = "/etc/vfnet/vm.yaml"
+	// ExampleVM is manifests/examples/vm.yaml, the VM the vm case runs, and
+	// BindingPatch manifests/kubevirt/binding-patch.yaml, the KubeVirt CR
+	// patch that registers the binding.
+	ExampleVM    = "/etc/vfnet/vm.yaml"
+	BindingPatch = "/etc/vfnet/binding-patch.yaml"
 	// InnerDir holds the VM's own kernel (vmlinux, the guest's kernel) and
 	// initramfs (InnerInitrd), the kernel-boot container's files.
 	InnerDir = "/usr/share/vfnet-inner"
