@@ -639,7 +639,17 @@ func TestVMOnVF(t *testing.T) {
 	}
 
 	// 3. The sidecar: the real vfnet-binding with the metadata mount.
-	pod.start(t, "vfnet-binding", pod.binds([]string{"hook-sidecar-sockets"}, metaBinds...), []string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
+	// Its container mounts its own subdirectory of the hooks volume (subPath
+	// hook-sidecar-0); the hook manager looks in each subdirectory.
+	sidecarDir := filepath.Join(pod.vols["hook-sidecar-sockets"], "hook-sidecar-0")
+	if err := os.Mkdir(sidecarDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sidecarDir, qemuUID, qemuUID); err != nil {
+		t.Fatal(err)
+	}
+	pod.start(t, "vfnet-binding", append(metaBinds, bind{Source: sidecarDir, Target: podVolumes["hook-sidecar-sockets"]}),
+		[]string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
 
 	// 4. virt-launcher's part: convert, hooks, define, start.
 	domOut := filepath.Join(pod.vols["private"], "domain.xml")
