@@ -147,6 +147,9 @@ func run(c config) error {
 	if err := step("kernel-boot-links", l.linkKernelBootArtifacts); err != nil {
 		return err
 	}
+	if err := step("private-dir", l.privateDir); err != nil {
+		return err
+	}
 	if err := step("convert", l.convert); err != nil {
 		return err
 	}
@@ -155,6 +158,9 @@ func run(c config) error {
 	}
 	defer l.virt.Disconnect()
 	if err := step("hook-collect", l.collect); err != nil {
+		return err
+	}
+	if err := step("lookup", l.lookup); err != nil {
 		return err
 	}
 	var dom libvirt.Domain
@@ -318,6 +324,20 @@ func (l *launcher) linkKernelBootArtifacts() (string, error) {
 	return strings.Join(done, " "), nil
 }
 
+// privateDir reproduces the part of virt-launcher's initializeDirs
+// (cmd/virt-launcher, InitializePrivateDirectories) this domain needs:
+// /var/run/kubevirt-private/<vmi uid>, where the converter puts the serial
+// console socket and its log. The other directories it makes serve
+// cloud-init, ignition, config and hotplug disks, which this VMI has none of;
+// a non-root launcher does not pre-create the console log file.
+func (l *launcher) privateDir() (string, error) {
+	dir := filepath.Join(kutil.VirtPrivateDir, string(l.vmi.UID))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w (the case must make %s writable by this user, as the launcher pod's emptyDir is)", dir, err, kutil.VirtPrivateDir)
+	}
+	return dir, nil
+}
+
 // convert: KubeVirt's converter with virt-launcher's context (golden), the
 // hypervisor device taken from /dev/kvm as virt-launcher does and
 // AllowEmulation (KubeVirt's useEmulation) on, so without KVM the domain is
@@ -352,6 +372,20 @@ func (l *launcher) connect() (string, error) {
 		return "", fmt.Errorf("libvirt version: %w", err)
 	}
 	return fmt.Sprintf("uri=%s socket=%s libvirt=%d.%d.%d", libvirt.QEMUSession, l.c.libvirtSocket, v/1000000, v/1000%1000, v%1000), nil
+}
+
+// lookup: lookupOrCreateVirDomain first looks the domain up by name and,
+// when it exists, starts that one without defining. That path is not what
+// this launcher is for (a fresh VM start), so an existing domain is an error.
+func (l *launcher) lookup() (string, error) {
+	dom, err := l.virt.DomainLookupByName(l.spec.Name)
+	if err == nil {
+		return "", fmt.Errorf("domain %s is already defined (uuid %x): undefine it (virsh -c %s undefine %s) or use a fresh libvirtd", l.spec.Name, dom.UUID, libvirt.QEMUSession, l.spec.Name)
+	}
+	if !libvirt.IsNotFound(err) {
+		return "", fmt.Errorf("look up domain %s: %w", l.spec.Name, err)
+	}
+	return "name=" + l.spec.Name + " not defined yet", nil
 }
 
 // collect: virt-launcher's hooks.GetManager().Collect.
