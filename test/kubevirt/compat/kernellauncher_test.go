@@ -163,14 +163,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", "-m", "bash", "-c", kernelLauncherScript, "kernellauncher", "-define-only")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// On timeout, end the process group this test started (unshare, the
-	// script and the daemons it started).
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"T="+tmp, "REPO="+root, "LAUNCHER="+launcher, "BINDING="+bin,
 		"LIBVIRTD="+filepath.Join(virtEnv["VIRT_ROOT"], "usr/sbin/libvirtd"),
 		"LIBVIRT_DRIVER_DIR="+filepath.Join(virtEnv["VIRT_ROOT"], "usr/lib/x86_64-linux-gnu/libvirt/connection-driver"),
@@ -181,6 +174,29 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 		"XDG_CACHE_HOME="+filepath.Join(tmp, "home/.cache"),
 		"HOME="+filepath.Join(tmp, "home"),
 	)
+	// v1.9.0's allocateHotplugPorts, then main's (-v110, PR 17605).
+	for _, v := range []struct {
+		name  string
+		extra []string
+	}{{"v1.9.0", nil}, {"main", []string{"-v110"}}} {
+		t.Run(v.name, func(t *testing.T) {
+			runKernelLauncher(t, tmp, env, bdf, filepath.Join("/var/run/kubevirt", "domain-"+v.name+".xml"), filepath.Join(tmp, "kubevirt", "domain-"+v.name+".xml"), v.extra...)
+		})
+	}
+}
+
+// runKernelLauncher runs the script with the launcher's extra flags, writing
+// the domain to out (the launcher's view) = hostOut (the test's), and checks
+// the defined domain.
+func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut string, extra ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", append([]string{"-m", "bash", "-c", kernelLauncherScript, "kernellauncher", "-define-only", "-cleanup", "-out", out}, extra...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// On timeout, end the process group this test started (unshare, the
+	// script and the daemons it started).
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.Env = env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
@@ -208,7 +224,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 			t.Errorf("no step line for %s", s)
 		}
 	}
-	if steps["define-4"] || steps["start"] {
+	if steps["define-4"] || steps["start"] || steps["write-live"] {
 		t.Errorf("more than three defines, or a start with -define-only")
 	}
 	for _, want := range []string{"change: containerDisk disk+volume containerdisk replaced by spec.domain.firmware.kernelBoot", "change: spec.domain.memory.guest 1Gi -> 256Mi"} {
@@ -220,7 +236,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 		t.Errorf("%d change lines, want 2 (kernel boot, memory)", n)
 	}
 
-	defined, err := os.ReadFile(filepath.Join(tmp, "kubevirt", "domain.xml.defined"))
+	defined, err := os.ReadFile(hostOut + ".defined")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +278,9 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	}
 	if _, err := os.Stat("/dev/kvm"); err != nil && dom.Attr("type") != "qemu" {
 		t.Errorf("domain type %q, want qemu (useEmulation without /dev/kvm)", dom.Attr("type"))
+	}
+	if len(extra) > 0 && !strings.Contains(stdout.String(), "VFNET-LAUNCHER v110 ") {
+		t.Errorf("-v110 printed no v110 line")
 	}
 }
 

@@ -137,6 +137,8 @@ type launcher struct {
 	hooks hooks.Manager
 	// defines counts defines through the hooks, for the step lines.
 	defines int
+	// hotplugOff are the pcie-root-port indices -v110 turns hotplug off on.
+	hotplugOff []int
 }
 
 func run(c config) error {
@@ -414,6 +416,11 @@ func (l *launcher) defineWithHooks(spec *api.DomainSpec, why string) (libvirt.Do
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): decode the hooks' domain into api.DomainSpec: %w", l.defines+1, why, err)
 	}
 	fromHooks.DeepCopyInto(spec)
+	if len(l.hotplugOff) > 0 {
+		if out, err = setHotplugOff(out, l.hotplugOff); err != nil {
+			return libvirt.Domain{}, fmt.Errorf("define %d (%s): v110 hotplug off: %w", l.defines+1, why, err)
+		}
+	}
 	dom, err := l.virt.DomainDefineXML(out)
 	if err != nil {
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): libvirt DomainDefineXML: %w", l.defines+1, why, err)
@@ -442,6 +449,9 @@ func (l *launcher) allocateHotplugPorts() (libvirt.Domain, error) {
 	dom, err := l.withNetworkIfacesResources(placeholders)
 	if err != nil {
 		return libvirt.Domain{}, err
+	}
+	if l.c.v110 {
+		return l.finishV110(dom, placeholders, extra)
 	}
 	// As in v1.9.0: added after the placeholder round, so they get indices
 	// above the ports libvirt already assigned and stay empty.
