@@ -137,6 +137,8 @@ type launcher struct {
 	hooks hooks.Manager
 	// defines counts defines through the hooks, for the step lines.
 	defines int
+	// hotplugOff are the pcie-root-port indices -v110 turns hotplug off on.
+	hotplugOff []int
 }
 
 func run(c config) error {
@@ -147,6 +149,9 @@ func run(c config) error {
 	if err := step("kernel-boot-links", l.linkKernelBootArtifacts); err != nil {
 		return err
 	}
+	if err := step("private-dir", l.privateDir); err != nil {
+		return err
+	}
 	if err := step("convert", l.convert); err != nil {
 		return err
 	}
@@ -155,6 +160,9 @@ func run(c config) error {
 	}
 	defer l.virt.Disconnect()
 	if err := step("hook-collect", l.collect); err != nil {
+		return err
+	}
+	if err := step("lookup", l.lookup); err != nil {
 		return err
 	}
 	var dom libvirt.Domain
@@ -318,6 +326,20 @@ func (l *launcher) linkKernelBootArtifacts() (string, error) {
 	return strings.Join(done, " "), nil
 }
 
+// privateDir reproduces the part of virt-launcher's initializeDirs
+// (cmd/virt-launcher, InitializePrivateDirectories) this domain needs:
+// /var/run/kubevirt-private/<vmi uid>, where the converter puts the serial
+// console socket and its log. The other directories it makes serve
+// cloud-init, ignition, config and hotplug disks, which this VMI has none of;
+// a non-root launcher does not pre-create the console log file.
+func (l *launcher) privateDir() (string, error) {
+	dir := filepath.Join(kutil.VirtPrivateDir, string(l.vmi.UID))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w (the case must make %s writable by this user, as the launcher pod's emptyDir is)", dir, err, kutil.VirtPrivateDir)
+	}
+	return dir, nil
+}
+
 // convert: KubeVirt's converter with virt-launcher's context (golden), the
 // hypervisor device taken from /dev/kvm as virt-launcher does and
 // AllowEmulation (KubeVirt's useEmulation) on, so without KVM the domain is
@@ -354,6 +376,20 @@ func (l *launcher) connect() (string, error) {
 	return fmt.Sprintf("uri=%s socket=%s libvirt=%d.%d.%d", libvirt.QEMUSession, l.c.libvirtSocket, v/1000000, v/1000%1000, v%1000), nil
 }
 
+// lookup: lookupOrCreateVirDomain first looks the domain up by name and,
+// when it exists, starts that one without defining. That path is not what
+// this launcher is for (a fresh VM start), so an existing domain is an error.
+func (l *launcher) lookup() (string, error) {
+	dom, err := l.virt.DomainLookupByName(l.spec.Name)
+	if err == nil {
+		return "", fmt.Errorf("domain %s is already defined (uuid %x): undefine it (virsh -c %s undefine %s) or use a fresh libvirtd", l.spec.Name, dom.UUID, libvirt.QEMUSession, l.spec.Name)
+	}
+	if !libvirt.IsNotFound(err) {
+		return "", fmt.Errorf("look up domain %s: %w", l.spec.Name, err)
+	}
+	return "name=" + l.spec.Name + " not defined yet", nil
+}
+
 // collect: virt-launcher's hooks.GetManager().Collect.
 func (l *launcher) collect() (string, error) {
 	l.hooks = hooks.GetManager()
@@ -380,6 +416,11 @@ func (l *launcher) defineWithHooks(spec *api.DomainSpec, why string) (libvirt.Do
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): decode the hooks' domain into api.DomainSpec: %w", l.defines+1, why, err)
 	}
 	fromHooks.DeepCopyInto(spec)
+	if len(l.hotplugOff) > 0 {
+		if out, err = setHotplugOff(out, l.hotplugOff); err != nil {
+			return libvirt.Domain{}, fmt.Errorf("define %d (%s): v110 hotplug off: %w", l.defines+1, why, err)
+		}
+	}
 	dom, err := l.virt.DomainDefineXML(out)
 	if err != nil {
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): libvirt DomainDefineXML: %w", l.defines+1, why, err)
@@ -408,6 +449,9 @@ func (l *launcher) allocateHotplugPorts() (libvirt.Domain, error) {
 	dom, err := l.withNetworkIfacesResources(placeholders)
 	if err != nil {
 		return libvirt.Domain{}, err
+	}
+	if l.c.v110 {
+		return l.finishV110(dom, placeholders, extra)
 	}
 	// As in v1.9.0: added after the placeholder round, so they get indices
 	// above the ports libvirt already assigned and stay empty.

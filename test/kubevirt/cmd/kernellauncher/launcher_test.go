@@ -1,0 +1,81 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "kubevirt.io/api/core/v1"
+
+	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
+)
+
+func TestSetHotplugOff(t *testing.T) {
+	in := `<domain><devices>` +
+		`<controller type="pci" index="1" model="pcie-root-port"><target></target></controller>` +
+		`<controller type="pci" index="2" model="pcie-root-port"><model name="pcie-root-port"/><target chassis="2" port="0x11"/><address type="pci" bus="0x00"/></controller>` +
+		`<controller type="pci" index="3" model="pcie-root-port"></controller>` +
+		`<controller type="pci" index="4" model="pcie-root-port"><target/></controller>` +
+		`</devices></domain>`
+	out, err := setHotplugOff(in, []int{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `<domain><devices>` +
+		`<controller type="pci" index="1" model="pcie-root-port"><target hotplug="off"></target></controller>` +
+		`<controller type="pci" index="2" model="pcie-root-port"><model name="pcie-root-port"/><target hotplug="off" chassis="2" port="0x11"/><address type="pci" bus="0x00"/></controller>` +
+		`<controller type="pci" index="3" model="pcie-root-port"><target hotplug="off"/></controller>` +
+		`<controller type="pci" index="4" model="pcie-root-port"><target/></controller>` +
+		`</devices></domain>`
+	if out != want {
+		t.Errorf("got\n%s\nwant\n%s", out, want)
+	}
+	if _, err := setHotplugOff(in, []int{9}); err == nil || !strings.Contains(err.Error(), "lacks") {
+		t.Errorf("missing port: err %v", err)
+	}
+}
+
+func TestOccupiedRootPorts(t *testing.T) {
+	u := func(v uint32) *uint32 { return &v }
+	pci := func(bus string) *api.Address {
+		return &api.Address{Type: "pci", Domain: "0x0000", Bus: bus, Slot: "0x00", Function: "0x0"}
+	}
+	spec := &api.DomainSpec{Devices: api.Devices{
+		Controllers: []api.Controller{
+			{Type: "pci", Index: "0", Model: "pcie-root"},
+			{Type: "pci", Index: "1", Model: "pcie-root-port", Target: &api.ControllerTarget{BusNr: u(1)}},
+			{Type: "pci", Index: "2", Model: "pcie-root-port", Target: &api.ControllerTarget{BusNr: u(2)}},
+			{Type: "pci", Index: "3", Model: "pcie-root-port", Target: &api.ControllerTarget{BusNr: u(3)}},
+			{Type: "pci", Index: "4", Model: "pcie-root-port"}, // as libvirt 11.3 reads back: no busNr
+			{Type: "virtio-serial", Index: "0", Address: pci("0x03")},
+		},
+		Interfaces:  []api.Interface{{Address: pci("0x02")}},
+		HostDevices: []api.HostDevice{{Type: "pci", Address: pci("0x01")}, {Type: "pci", Address: pci("0x04")}},
+	}}
+	off, withBusNr, ports := occupiedRootPorts(spec)
+	if !slices.Equal(off, []int{1, 3}) || withBusNr != 3 || ports != 4 {
+		t.Errorf("got off=%v withBusNr=%d ports=%d, want [1 3] 3 4 (NIC port 2 stays hotpluggable, port 4 has no busNr)", off, withBusNr, ports)
+	}
+}
+
+func TestHotplugCounts(t *testing.T) {
+	vmi := &v1.VirtualMachineInstance{}
+	vmi.Spec.Domain.Devices.Interfaces = []v1.Interface{{Name: "physnet-a"}}
+	if n, err := placeholderCount(vmi); err != nil || n != 3 {
+		t.Errorf("placeholders with one interface: %d %v, want 3", n, err)
+	}
+	vmi.Annotations = map[string]string{v1.PciInterfaceSlotCountAnnotation: "6"}
+	if n, err := placeholderCount(vmi); err != nil || n != 5 {
+		t.Errorf("placeholders with slot total 6: %d %v, want 5", n, err)
+	}
+	vmi.Annotations = nil
+	spec := &api.DomainSpec{Memory: api.Memory{Value: 256 << 20, Unit: "b"}}
+	// No PCI devices: max(8-0, 3) - 3 placeholders.
+	if n, err := extraControllerCount(vmi, spec, 3); err != nil || n != 5 {
+		t.Errorf("extra controllers, small VM: %d %v, want 5", n, err)
+	}
+	spec.Memory.Value = 4 << 30
+	if n, err := extraControllerCount(vmi, spec, 3); err != nil || n != 13 {
+		t.Errorf("extra controllers, 4 GiB VM: %d %v, want 13", n, err)
+	}
+}
