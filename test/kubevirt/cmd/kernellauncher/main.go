@@ -587,6 +587,14 @@ func appendRootPorts(spec *api.DomainSpec, count int) {
 	}
 }
 
+// Skipped from SyncVMI around the define and start, as they change nothing
+// for this VMI: ApplyChangedBlockTracking (no CBT), the containerDisk half of
+// linkImageVolumeFilePaths (no containerDisk left), FDAssociate of an
+// IOMMUFD (only with an iommufd-capable launcher; vfnet's hostdev is legacy
+// VFIO), the metadata cache (virt-launcher's own bookkeeping), and after the
+// start syncDisks and network.Sync (nothing to hot(un)plug), nor the hooks'
+// Shutdown, which virt-launcher calls when QEMU exits, not on start.
+//
 // start reproduces startDomain's virDomainCreateWithFlags with
 // getDomainCreateFlags: paused when the VMI asks to start paused or has a
 // dedicated CPU with an isolated emulator thread. generateCloudInitISO has
