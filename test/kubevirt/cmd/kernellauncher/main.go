@@ -15,13 +15,30 @@
 //
 //	VFNET-LAUNCHER step <name> <duration> <details>
 //
-// every change made to the VMI beyond what virt-controller and virt-api
-// produce,
+// in this order: vmi, kernel-boot-links, private-dir, convert,
+// libvirt-connect, hook-collect, lookup, define-1..define-N (each define
+// through the hooks, inside allocate-hotplug-ports, details hooks=<time of
+// the OnDefineDomain round trip> <why>), allocate-hotplug-ports,
+// write-defined, then unless -define-only start and write-live; a failing
+// step prints `step <name> <duration> failed`. The write-* lines summarize
+// the XML's pcie-root-ports (root-ports=, free-root-ports=, ports=[index=
+// device or free], hostdevs=[alias@bus]). Info lines: `hotplug
+// placeholders=.. extra-root-ports=.. pci-devices-counted=.. memory=..`,
+// with -v110 `v110 root-ports=.. with-busNr=.. hotplug-off=[..] ...`, with
+// -cleanup `cleanup: ...` on a failed cleanup. Every change made to the VMI
+// beyond what virt-controller and virt-api produce, before the steps' lines:
 //
 //	VFNET-LAUNCHER change: <what> (<why>)
 //
 // then exactly one of `VFNET-LAUNCHER OK` (exit 0) or
-// `VFNET-LAUNCHER ERROR <msg>` (exit 1).
+// `VFNET-LAUNCHER ERROR <msg>` (exit 1), msg naming the step.
+//
+// What the guest must provide (as a launcher pod does): writable
+// /var/run/kubevirt (container-disks/kernel-boot links) and
+// /var/run/kubevirt-private; the kernel (and initrd) at
+// /var/run/kubevirt-kernel-boot/<-kernel-path>; the sidecar's socket in a
+// directory below /var/run/kubevirt-hooks; a passwd entry for the uid
+// (libvirtd refuses a session for a uid without one).
 package main
 
 import (
@@ -97,7 +114,7 @@ func main() {
 	flag.StringVar(&c.memory, "memory", "256Mi", "spec.domain.memory.guest (the example asks 1Gi)")
 	flag.StringVar(&c.cpuModel, "cpu-model", "", "spec.domain.cpu.model (empty: leave KubeVirt's default, host-model)")
 	flag.StringVar(&c.libvirtSocket, "libvirt-socket", filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "libvirt", "libvirt-sock"), "unix socket of the session libvirtd")
-	flag.UintVar(&c.hookSidecars, "hook-sidecars", 1, "hook sidecars the hook manager waits for in "+hooksDir)
+	flag.UintVar(&c.hookSidecars, "hook-sidecars", 1, "hook sidecars the hook manager waits for, each with its socket in a directory below "+hooksDir)
 	flag.DurationVar(&c.hookTimeout, "hook-timeout", 2*time.Minute, "how long the hook manager waits for them")
 	flag.StringVar(&c.out, "out", "domain.xml", "live domain XML after start; the inactive XML before start goes to <out>.defined")
 	flag.BoolVar(&c.defineOnly, "define-only", false, "stop after the last define (write <out>.defined only): a domain with a VFIO hostdev cannot start without VFIO")
@@ -394,7 +411,7 @@ func (l *launcher) lookup() (string, error) {
 func (l *launcher) collect() (string, error) {
 	l.hooks = hooks.GetManager()
 	if err := l.hooks.Collect(l.c.hookSidecars, l.c.hookTimeout); err != nil {
-		return "", fmt.Errorf("hook manager Collect of %d sidecars in %s: %w (is vfnet-binding running with --socket-dir %s?)", l.c.hookSidecars, hooksDir, err, hooksDir)
+		return "", fmt.Errorf("hook manager Collect of %d sidecars in %s: %w (KubeVirt's hook manager only dials sockets one directory below %s, as each sidecar's emptyDir is mounted there in a launcher pod: run vfnet-binding with --socket-dir %s/<name>, e.g. %s/hook-sidecar-0)", l.c.hookSidecars, hooksDir, err, hooksDir, hooksDir, hooksDir)
 	}
 	return fmt.Sprintf("sidecars=%d", l.c.hookSidecars), nil
 }
@@ -570,6 +587,14 @@ func appendRootPorts(spec *api.DomainSpec, count int) {
 	}
 }
 
+// Skipped from SyncVMI around the define and start, as they change nothing
+// for this VMI: ApplyChangedBlockTracking (no CBT), the containerDisk half of
+// linkImageVolumeFilePaths (no containerDisk left), FDAssociate of an
+// IOMMUFD (only with an iommufd-capable launcher; vfnet's hostdev is legacy
+// VFIO), the metadata cache (virt-launcher's own bookkeeping), and after the
+// start syncDisks and network.Sync (nothing to hot(un)plug), nor the hooks'
+// Shutdown, which virt-launcher calls when QEMU exits, not on start.
+//
 // start reproduces startDomain's virDomainCreateWithFlags with
 // getDomainCreateFlags: paused when the VMI asks to start paused or has a
 // dedicated CPU with an isolated emulator thread. generateCloudInitISO has
