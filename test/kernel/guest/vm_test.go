@@ -4,6 +4,7 @@ package guest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -766,9 +767,29 @@ func destroyDomain(t *testing.T, ctx context.Context, lv *libvirt.Libvirt) {
 		if ctx.Err() != nil || attempt == 10 {
 			t.Fatalf("destroy the domain: attempt %d: %v (state %d, %v)", attempt, err, state, serr)
 		}
-		t.Logf("destroy attempt %d: %v; trying again", attempt, err)
+		t.Logf("destroy attempt %d: %v; trying again; QEMU: %s", attempt, err, procState(processesNamed("qemu-system-x86")))
 		time.Sleep(2 * time.Second)
 	}
+}
+
+// procState says where each process is: its state and kernel stack.
+func procState(pids []int) string {
+	var b strings.Builder
+	for _, pid := range pids {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		state := regexp.MustCompile(`(?m)^State:\s+(.*)$`).FindSubmatch(st)
+		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stack", pid))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+		fmt.Fprintf(&b, "\npid %d state %s wchan %s\n%s", pid, state, wchan, stack)
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+		for _, task := range tasks {
+			ts, _ := os.ReadFile(task + "/stack")
+			if len(ts) > 0 && !bytes.Equal(ts, stack) {
+				fmt.Fprintf(&b, "thread %s:\n%s", filepath.Base(task), ts)
+			}
+		}
+	}
+	return b.String()
 }
 
 var startStep = regexp.MustCompile(`VFNET-LAUNCHER step start (\S+)`)
