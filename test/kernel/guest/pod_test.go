@@ -4,8 +4,10 @@ package guest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -33,6 +35,11 @@ type containerSpec struct {
 	UID   int      `json:"uid"`
 	Argv  []string `json:"argv"`
 	Env   []string `json:"env"`
+	// Reaper runs the program under a process that reaps every orphan
+	// below it, as virt-launcher-monitor does for the compute container:
+	// libvirt daemonizes QEMU, and a QEMU nobody waits for stays a zombie,
+	// which libvirt takes for a process that would not die.
+	Reaper bool `json:"reaper"`
 }
 
 func execInPod(specJSON string) {
@@ -89,8 +96,47 @@ func enterPod(s containerSpec) error {
 		}
 	}
 	env := append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
+	if s.Reaper {
+		return reap(s.Argv, env)
+	}
 	if err := unix.Exec(s.Argv[0], s.Argv, env); err != nil {
 		return fmt.Errorf("exec %s: %w", strings.Join(s.Argv, " "), err)
 	}
 	return nil
+}
+
+// reap starts argv as a child, becomes the subreaper of everything below
+// it, waits for all of them and exits with the child's status. SIGTERM is
+// passed on to the child.
+func reap(argv, env []string) error {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("become a subreaper: %w", err)
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	pid, err := syscall.ForkExec(argv[0], argv, &syscall.ProcAttr{Env: env, Files: []uintptr{0, 1, 2}})
+	if err != nil {
+		return fmt.Errorf("start %s: %w", strings.Join(argv, " "), err)
+	}
+	go func() {
+		for sig := range sigs {
+			_ = syscall.Kill(pid, sig.(syscall.Signal))
+		}
+	}()
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait: %w", err)
+		}
+		if got == pid {
+			if ws.Signaled() {
+				os.Exit(128 + int(ws.Signal()))
+			}
+			os.Exit(ws.ExitStatus())
+		}
+	}
 }

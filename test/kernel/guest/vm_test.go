@@ -131,7 +131,12 @@ type podProc struct {
 // start runs argv as uid 107 in a mount namespace with binds.
 func (p *launcherPod) start(t *testing.T, name string, binds []bind, env []string, argv ...string) *podProc {
 	t.Helper()
-	spec, err := json.Marshal(containerSpec{Binds: binds, UID: qemuUID, Argv: argv, Env: env})
+	return p.startSpec(t, name, containerSpec{Binds: binds, UID: qemuUID, Argv: argv, Env: env})
+}
+
+func (p *launcherPod) startSpec(t *testing.T, name string, cs containerSpec) *podProc {
+	t.Helper()
+	spec, err := json.Marshal(cs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,7 +626,8 @@ func TestVMOnVF(t *testing.T) {
 	writeOwned(t, filepath.Join(pod.vols["private"], "libvirt", "qemu.conf"),
 		"stdio_handler = \"logd\"\nvnc_listen = \"0.0.0.0\"\nvnc_tls = 0\nvnc_sasl = 0\nuser = \"qemu\"\ngroup = \"qemu\"\ndynamic_ownership = 1\nremember_owner = 0\nnamespaces = [ ]\ncgroup_controllers = [ ]\n")
 	step := time.Now()
-	libvirtd := pod.start(t, "libvirtd", pod.binds(compute), xdg, "/usr/sbin/libvirtd", "-f", "/var/run/libvirt/libvirtd.conf")
+	libvirtd := pod.startSpec(t, "libvirtd", containerSpec{Binds: pod.binds(compute), UID: qemuUID, Env: xdg, Reaper: true,
+		Argv: []string{"/usr/sbin/libvirtd", "-f", "/var/run/libvirt/libvirtd.conf"}})
 	sock := filepath.Join(pod.runtimeDir(), "libvirt-sock")
 	waitFor(t, ctx, libvirtd.exited, "libvirtd's socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	// Debian ships libvirtd, whose session socket is libvirt-sock; KubeVirt's
@@ -635,7 +641,11 @@ func TestVMOnVF(t *testing.T) {
 	// domain starts for a VMI with memLock: Required (v1.9.0
 	// pkg/hypervisor/kvm AdjustResources); QEMU inherits it.
 	memlock := uint64(parseMi(t, vmMemory)) + attach.VFIOMemlockOverhead
-	if err := unix.Prlimit(libvirtd.cmd.Process.Pid, unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlock, Max: memlock}, nil); err != nil {
+	daemons := processesNamed("libvirtd")
+	if len(daemons) != 1 {
+		t.Fatalf("want one libvirtd process, found %v", daemons)
+	}
+	if err := unix.Prlimit(daemons[0], unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlock, Max: memlock}, nil); err != nil {
 		t.Fatal(err)
 	}
 
