@@ -423,7 +423,7 @@ func TestNotesRegisterBinding(t *testing.T) {
 		t.Errorf("NOTES.txt's patch differs from manifests/kubevirt/binding-patch.yaml's spec (want: the file):\n%s", strings.Join(d, "\n"))
 	}
 	// The uninstall notes name what stays on a node for an admin.
-	for _, s := range []string{"checkpoint.json", "vfnet-prepare.lock", "vfnet-migration.lock", "/var/run/cdi/sriov.vfnet.io-vf_", "--create-namespace"} {
+	for _, s := range []string{"checkpoint.json", "vfnet-prepare.lock", "vfnet-migration.lock", "serialize.lock", "dra-device-metadata/", "/var/run/cdi/sriov.vfnet.io-vf_", "--create-namespace"} {
 		if !strings.Contains(c.Notes, s) {
 			t.Errorf("NOTES.txt does not mention %s", s)
 		}

@@ -256,6 +256,20 @@ func (e *env) testHelmUninstall(t *testing.T) {
 		if !strings.Contains(string(notes), ent.Name()) {
 			t.Errorf("%s left in %s, which NOTES.txt does not name:\n%s", ent.Name(), pluginDir, notes)
 		}
+		// A directory (the claims' metadata) holds nothing without a
+		// prepared claim.
+		if ent.IsDir() {
+			var files []string
+			filepath.WalkDir(filepath.Join(pluginDir, ent.Name()), func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					files = append(files, p)
+				}
+				return nil
+			})
+			if len(files) > 0 {
+				t.Errorf("files left in %s without a prepared claim: %v", ent.Name(), files)
+			}
+		}
 	}
 	if cdi, _ := filepath.Glob(filepath.Join(cdiDir, driverName+"*")); len(cdi) > 0 {
 		t.Errorf("CDI specs left without a prepared claim: %v", cdi)
