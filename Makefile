@@ -15,7 +15,7 @@ TIMED = TIMEFORMAT='== $@: %0R s wall, %0U s user + %0S s sys CPU'; time
 NICE_UNIT ?=
 NICE_BUILD ?=
 
-.PHONY: all build test unit kubevirt-tests test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
+.PHONY: all build test unit kubevirt-tests helm-tests helm-bin test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
 
 all: build
 
@@ -34,7 +34,8 @@ k8s-bin:
 # (unit), instead of compiling the whole module once more without -race.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(TIMED) ( $(NICE_BUILD) $(GO) vet -race ./... && cd test/kubevirt && CGO_ENABLED=0 $(NICE_BUILD) $(GO) vet -trimpath ./... )
+	$(TIMED) ( $(NICE_BUILD) $(GO) vet -race ./... && ( cd test/kubevirt && CGO_ENABLED=0 $(NICE_BUILD) $(GO) vet -trimpath ./... ) \
+	  && cd test/helm && $(NICE_BUILD) $(GO) vet -trimpath ./... )
 
 unit:
 	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./...
@@ -60,15 +61,31 @@ test-kernel: kernel-deps virt-deps k8s-bin
 kubevirt-tests: kernel-deps virt-deps
 	$(TIMED) ( cd test/kubevirt && CGO_ENABLED=0 GONOSUMDB=libvirt.org/go/libvirt VFNET_REQUIRE_LIBVIRT=1 $(NICE_BUILD) $(GO) test -trimpath -count=1 -timeout 30m ./... )
 
+# The Helm chart (deployments/helm/vfnet), in its own module (test/helm, the
+# Helm v4 SDK and kustomize's API from the Go module proxy): renders the
+# same objects as `kubectl kustomize manifests/`, its metrics values the
+# same as manifests/components, the real-node tier's values the same as its
+# overlay; `helm lint --strict` passes. -trimpath as helm-bin builds the CLI
+# (test/helm/build.sh): the SDK compiles once for both.
+helm-tests:
+	$(TIMED) ( cd test/helm && $(NICE_BUILD) $(GO) test -trimpath -count=1 -timeout 10m ./... )
+
+# The Helm v4 CLI the real-node tier installs the chart with, built once
+# into $(CACHE)/helm-bin.
+helm-bin:
+	@test/helm/build.sh >/dev/null
+
 # containerd, its shim and ctr for the real-node tier, built once into
 # $(CACHE)/node-bin (about 4 CPU-minutes the first time).
 node-bin:
 	@test/nodetools/build.sh >/dev/null
 
 # The real-node tier alone: a real kubelet and containerd in a private
-# mount + network namespace, vfnet installed from manifests/ (test/node).
-test-node: deps k8s-bin node-bin
+# mount + network namespace, vfnet installed from manifests/ and then with
+# the Helm chart (test/node).
+test-node: deps k8s-bin node-bin helm-bin
 	$(TIMED) VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
+	  VFNET_HELM_BIN=$$(test/helm/build.sh) \
 	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
 
 # The tiers mostly wait (control planes, QEMU, kubelet): run them side by side.
@@ -79,7 +96,7 @@ test-node: deps k8s-bin node-bin
 # yield the CPU to it and to the real node (nice; they have no guest clock).
 test: deps k8s-bin
 	$(MAKE) --no-print-directory -j4 --output-sync=target NICE_UNIT='nice -n 5' NICE_BUILD='nice -n 10' \
-	  test-kernel test-node unit kubevirt-tests lint verify-generate
+	  test-kernel test-node unit kubevirt-tests helm-tests lint verify-generate
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo

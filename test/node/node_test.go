@@ -28,7 +28,7 @@ const envChild = "VFNET_REAL_NODE_CHILD"
 
 // steps are the subtests run inside, in order; each needs the ones before.
 func steps() []string {
-	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare"}
+	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "HelmUninstall"}
 }
 
 // TestRealNode: a real kubelet and containerd with vfnet installed from its
@@ -231,13 +231,16 @@ func runInside(t *testing.T, dir string) {
 		}
 		t.Logf("teardown took %s", time.Since(down).Round(100*time.Millisecond))
 	}()
-	e := &env{Node: n, art: h.Artifacts, repo: h.Repo}
+	e := &env{Node: n, art: h.Artifacts, repo: h.Repo, ns: driverNS}
 	run := map[string]func(*testing.T){
 		"Install":           e.testInstall,
 		"VFPod":             e.testVFPod,
 		"LauncherPod":       e.testLauncherPod,
 		"RolloutRestart":    e.testRolloutRestart,
 		"KillDuringPrepare": e.testKillDuringPrepare,
+		"HelmInstall":       e.testHelmInstall,
+		"HelmUpgrade":       e.testHelmUpgrade,
+		"HelmUninstall":     e.testHelmUninstall,
 	}
 	for _, s := range steps() {
 		begin := time.Now()

@@ -1,7 +1,8 @@
 // Package node runs the real-node tier: a real kubelet v1.37.2 with
 // containerd 2.4.2 and runc, next to the real control plane
 // (test/controlplane), with vfnet installed from manifests/ as a cluster
-// admin would (kubectl apply -k of a test overlay), all inside one private
+// admin would (kubectl apply -k of a test overlay), later from the Helm
+// chart (helm install, upgrade, uninstall), all inside one private
 // mount + network namespace of this machine, so nothing on the host changes
 // and no traffic leaves. The SR-IOV hardware under the driver is pkg/simhost
 // (--simulate, so the driver image carries vfnet-driver-sim, the build with
@@ -41,6 +42,9 @@ const (
 	// containerd-shim-runc-v2 and ctr; default: test/nodetools/build.sh's
 	// cache directory.
 	EnvNodeBin = "VFNET_NODE_BIN"
+	// EnvHelmBin names a directory with the helm CLI; default:
+	// test/helm/build.sh's cache directory.
+	EnvHelmBin = "VFNET_HELM_BIN"
 )
 
 // scratchPrefix names the node's scratch directories (in the temp dir).
@@ -59,6 +63,8 @@ type Parts struct {
 	Runc string
 	// CNIBin holds the bridge, host-local and loopback plugins.
 	CNIBin string
+	// Helm is the Helm v4 CLI (test/helm/build.sh).
+	Helm string
 }
 
 // FindParts locates every part and says, for each missing one, how to get
@@ -88,6 +94,18 @@ func FindParts(ctx context.Context) (Parts, error) {
 		if st, err := os.Stat(filepath.Join(p.NodeBin, b)); err != nil || st.Mode()&0o111 == 0 {
 			errs = append(errs, fmt.Errorf("%s missing in %s: run test/nodetools/build.sh (about 4 CPU-minutes the first time) or set %s", b, p.NodeBin, EnvNodeBin))
 		}
+	}
+	helmDir := os.Getenv(EnvHelmBin)
+	if helmDir == "" {
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test", "helm", "build.sh"), "--dir").Output()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("test/helm/build.sh --dir: %w", err))
+		}
+		helmDir = strings.TrimSpace(string(out))
+	}
+	p.Helm = filepath.Join(helmDir, "helm")
+	if st, err := os.Stat(p.Helm); err != nil || st.Mode()&0o111 == 0 {
+		errs = append(errs, fmt.Errorf("helm missing in %s: run test/helm/build.sh (make helm-bin) or set %s", helmDir, EnvHelmBin))
 	}
 	if p.Runc, err = exec.LookPath("runc"); err != nil {
 		errs = append(errs, fmt.Errorf("runc not found: install the Debian package runc (make deps)"))

@@ -54,6 +54,9 @@ type env struct {
 	*Node
 	art  Artifacts
 	repo string
+	// ns is where the driver runs: driverNS as manifests/ installs it, the
+	// Helm release's namespace from HelmInstall on.
+	ns string
 }
 
 func (e *env) ctx(t *testing.T) context.Context {
@@ -84,7 +87,7 @@ type vf struct {
 
 // driverPod is the one Ready driver pod (error if not exactly one).
 func (e *env) driverPods(ctx context.Context) ([]corev1.Pod, error) {
-	pods, err := e.Kube.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: driverLabel})
+	pods, err := e.Kube.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{LabelSelector: driverLabel})
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +112,7 @@ func (e *env) driverPod(ctx context.Context, t *testing.T) *corev1.Pod {
 		pods, _ := e.driverPods(ctx)
 		var d []string
 		for i := range pods {
-			d = append(d, pods[i].Name+": "+DescribePod(&pods[i])+"\n"+e.Events(ctx, driverNS, pods[i].Name))
+			d = append(d, pods[i].Name+": "+DescribePod(&pods[i])+"\n"+e.Events(ctx, e.ns, pods[i].Name))
 		}
 		t.Fatalf("no single Ready driver pod: %v\n%s\nkubelet:\n%s", err, strings.Join(d, "\n"), Tail(e.LogFile("kubelet"), 30))
 	}
@@ -137,6 +140,31 @@ func (e *env) kustomizeDaemonSet(ctx context.Context, dir string) (*appsv1.Daemo
 		return ds, nil
 	}
 	return nil, fmt.Errorf("no DaemonSet in %s", dir)
+}
+
+// waitSlices waits until this node's slices of the driver list every VF
+// of the simulated E810 (4 + 4).
+func (e *env) waitSlices(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var devices []string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + NodeName})
+		if err != nil {
+			return false, err
+		}
+		devices = devices[:0]
+		for _, s := range sl.Items {
+			if s.Spec.Driver == driverName {
+				for _, d := range s.Spec.Devices {
+					devices = append(devices, d.Name)
+				}
+			}
+		}
+		return len(devices) == 8, nil
+	})
+	if err != nil {
+		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", NodeName, devices, err)
+	}
 }
 
 // testInstall: kubectl apply -k of the overlay; the driver pod becomes
@@ -186,26 +214,7 @@ func (e *env) testInstall(t *testing.T) {
 		t.Errorf("kubelet never logged registering %s:\n%s", driverName, Tail(e.LogFile("kubelet"), 40))
 	}
 
-	// Slices: every VF of the simulated E810 (4 + 4), on this node.
-	var devices []string
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + NodeName})
-		if err != nil {
-			return false, err
-		}
-		devices = devices[:0]
-		for _, s := range sl.Items {
-			if s.Spec.Driver == driverName {
-				for _, d := range s.Spec.Devices {
-					devices = append(devices, d.Name)
-				}
-			}
-		}
-		return len(devices) == 8, nil
-	})
-	if err != nil {
-		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", NodeName, devices, err)
-	}
+	e.waitSlices(ctx, t)
 
 	// Without KubeVirt's CRDs, the driver's VMI watch says so once and then
 	// backs off quietly (one line, not one per retry). The watch starts
@@ -697,27 +706,14 @@ func neverPull(t *testing.T, pod *corev1.Pod, images map[string]string) {
 	}
 }
 
-// testRolloutRestart: `kubectl rollout restart` while a claim is prepared:
-// the new driver pod starts beside the old one (maxSurge), the old one
-// goes, and the unprepare lands on the new pod; nothing leaks.
-func (e *env) testRolloutRestart(t *testing.T) {
-	ctx := e.ctx(t)
-	e.vfPod(ctx, t, "vf-pod-rollout")
-	pod, err := e.WaitPod(ctx, "default", "vf-pod-rollout", podTimeout, "Ready", PodReady)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := e.claimVF(ctx, t, pod, "vf")
-	e.checkPrepared(t, v, "")
-	old := e.driverPod(ctx, t)
-
-	begin := time.Now()
-	if out, err := e.Kubectl(ctx, nil, "-n", driverNS, "rollout", "restart", "daemonset/vfnet-driver"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+// waitReplaced watches the driver pods after an update began until old is
+// gone and a new one is Ready, and checks the two ran side by side
+// (maxSurge 1).
+func (e *env) waitReplaced(ctx context.Context, t *testing.T, old *corev1.Pod, begin time.Time, what string) {
+	t.Helper()
 	// Watch both instances side by side until the old one is gone.
 	maxRunning := 0
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, podTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, podTimeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := e.driverPods(ctx)
 		if err != nil {
 			return false, err
@@ -738,12 +734,33 @@ func (e *env) testRolloutRestart(t *testing.T) {
 		return !oldLeft && newReady, nil
 	})
 	if err != nil {
-		t.Fatalf("rollout did not replace %s: %v", old.Name, err)
+		t.Fatalf("%s did not replace %s: %v", what, old.Name, err)
 	}
-	t.Logf("rollout restart: new driver Ready and old gone after %s; at most %d driver pods running at once", time.Since(begin).Round(100*time.Millisecond), maxRunning)
+	t.Logf("%s: new driver Ready and old gone after %s; at most %d driver pods running at once", what, time.Since(begin).Round(100*time.Millisecond), maxRunning)
 	if maxRunning < 2 {
 		t.Errorf("the two driver instances never ran side by side (maxSurge 1)")
 	}
+}
+
+// testRolloutRestart: `kubectl rollout restart` while a claim is prepared:
+// the new driver pod starts beside the old one (maxSurge), the old one
+// goes, and the unprepare lands on the new pod; nothing leaks.
+func (e *env) testRolloutRestart(t *testing.T) {
+	ctx := e.ctx(t)
+	e.vfPod(ctx, t, "vf-pod-rollout")
+	pod, err := e.WaitPod(ctx, "default", "vf-pod-rollout", podTimeout, "Ready", PodReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := e.claimVF(ctx, t, pod, "vf")
+	e.checkPrepared(t, v, "")
+	old := e.driverPod(ctx, t)
+
+	begin := time.Now()
+	if out, err := e.Kubectl(ctx, nil, "-n", e.ns, "rollout", "restart", "daemonset/vfnet-driver"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitReplaced(ctx, t, old, begin, "rollout restart")
 	cur := e.driverPod(ctx, t)
 
 	e.deletePod(ctx, t, "default", "vf-pod-rollout")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the Helm v4 CLI (helm.sh/helm/v4/cmd/helm, at the version this
+# module's go.mod pins, from the Go module proxy) that the real-node tier
+# installs vfnet with, into a cache directory keyed by this module's go.sum
+# and the Go version, and prints the directory. A warm cache returns at
+# once; a cold build takes a few CPU-minutes.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${VFNET_CACHE:-$here/../../.cache}
+key=$( (cat "$here/go.sum" "$here/go.mod"; go version) | sha256sum | cut -c1-16)
+out="$cache/helm-bin/$key"
+# --dir: print where the binary belongs without building.
+if [ "${1:-}" = "--dir" ]; then echo "$out"; exit 0; fi
+if [ -x "$out/helm" ]; then echo "$out"; exit 0; fi
+# Two builds at once (parallel make targets, checkouts sharing VFNET_CACHE)
+# would write the same .tmp directory: the second waits for the first.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
+if [ -x "$out/helm" ]; then echo "$out"; exit 0; fi
+rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+echo ">> building the Helm CLI into $out" >&2
+start=$(date +%s)
+cd "$here"
+# -trimpath as `make helm-tests` builds the tests: one compile of the SDK.
+go build -trimpath -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
+rm -rf "$out"; mv "$out.tmp" "$out"
+echo ">> Helm CLI built in $(( $(date +%s) - start ))s" >&2
+echo "$out"

@@ -1,0 +1,5 @@
+//go:build tools
+
+package helm
+
+import _ "helm.sh/helm/v4/cmd/helm"
