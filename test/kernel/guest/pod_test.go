@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -133,10 +134,37 @@ func reap(argv, env []string) error {
 			return fmt.Errorf("wait: %w", err)
 		}
 		if got == pid {
+			// As the kernel ends a container's PID namespace with its init:
+			// what the program left running (virtlogd) is killed and reaped.
+			killChildren()
 			if ws.Signaled() {
 				os.Exit(128 + int(ws.Signal()))
 			}
 			os.Exit(ws.ExitStatus())
+		}
+	}
+}
+
+// killChildren SIGKILLs this process's children (orphans reparented to it
+// included) until none is left.
+func killChildren() {
+	for {
+		var kids []int
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", os.Getpid()))
+		for _, f := range tasks {
+			data, _ := os.ReadFile(f)
+			for _, w := range strings.Fields(string(data)) {
+				if k, err := strconv.Atoi(w); err == nil {
+					kids = append(kids, k)
+				}
+			}
+		}
+		for _, k := range kids {
+			_ = syscall.Kill(k, syscall.SIGKILL)
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(-1, &ws, 0, nil); errors.Is(err, unix.ECHILD) {
+			return
 		}
 	}
 }

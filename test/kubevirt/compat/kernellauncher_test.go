@@ -262,6 +262,11 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 	if len(port.Devices) != 1 {
 		t.Errorf("root port %d holds %v, want only the VF", port.Index, port.Devices)
 	}
+	// KubeVirt's migration source detaches the VF by alias: its port must
+	// stay hot-pluggable, under main's hotplug='off' step too.
+	if port.Hotplug == "off" {
+		t.Errorf("root port %d of the VF has hotplug='off': the migration detach would be refused", port.Index)
+	}
 	if free := rep.Free(); free < 3 {
 		t.Errorf("%d free pcie-root-ports, want at least KubeVirt's hotplugMinRequiredFreePorts (3): %s", free, rep)
 	}
