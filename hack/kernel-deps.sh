@@ -19,7 +19,7 @@ K=$cache/kernel
 # bookworm 6.1 kernel is used instead.
 KERNEL_ABI=${VFNET_KERNEL_ABI:-6.1.0-50}
 # A recipe change invalidates the cache.
-key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+key=$(cat "${BASH_SOURCE[0]}" "$repo/hack/lib/private-apt.sh" | sha256sum | cut -c1-16)
 ready() { [[ -f $K/ready && $(<"$K/ready") == "$key" && -f $K/env ]]; }
 ready && exit 0
 # Two runs at once (make -j, two checkouts sharing VFNET_CACHE) would unpack
@@ -32,49 +32,10 @@ ready && exit 0
 die() { echo "kernel-deps: $*" >&2; exit 1; }
 log() { echo "kernel-deps: $*" >&2; }
 
-for tool in apt-get apt-cache dpkg-deb xz sha256sum flock; do
-  command -v "$tool" >/dev/null || die "needs '$tool' on the host (Debian: apt-get install ${tool/sha256sum/coreutils}); it is missing"
-done
-keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-[[ -f $keyring ]] || die "needs $keyring (Debian package debian-archive-keyring) to verify the archive"
-
-# The Debian mirror the host already uses for bookworm (override: VFNET_DEBIAN_MIRROR).
-mirror=${VFNET_DEBIAN_MIRROR:-}
-if [[ -z $mirror ]]; then
-  mirror=$(apt-cache policy 2>/dev/null | awk '$3 == "bookworm/main" && $4 == "amd64" {print $2; exit}')
-fi
-if [[ -z $mirror ]]; then
-  mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
-    grep -oE '(https?|file)://[^ ]+' | grep -v -- '-security' | grep -m1 '/debian/\?$' || true)
-fi
-[[ -n $mirror ]] || die "no Debian bookworm mirror found in the host's apt sources; set VFNET_DEBIAN_MIRROR=<url of a Debian archive>"
-mirror=${mirror%/}
-
-mkdir -p "$K"/apt/{etc/sources.list.d,etc/preferences.d,state/lists/partial,cache/archives/partial} "$K/debs"
-cat >"$K/apt/etc/sources.list" <<EOF
-deb [signed-by=$keyring] $mirror bookworm main
-deb [signed-by=$keyring] $mirror bookworm-backports main
-EOF
-# A copy of the host's dpkg status lets apt compute which libraries the host
-# lacks; any lock apt takes is then private too.
-if [[ -f /var/lib/dpkg/status ]]; then cp /var/lib/dpkg/status "$K/apt/state/status"; else : >"$K/apt/state/status"; fi
-apt_opts=(
-  -o "Dir::Etc::SourceList=$K/apt/etc/sources.list"
-  -o "Dir::Etc::SourceParts=$K/apt/etc/sources.list.d"
-  -o "Dir::Etc::Preferences=$K/apt/etc/preferences"
-  -o "Dir::Etc::PreferencesParts=$K/apt/etc/preferences.d"
-  -o "Dir::State=$K/apt/state"
-  -o "Dir::State::status=$K/apt/state/status"
-  -o "Dir::Cache=$K/apt/cache"
-  -o "APT::Install-Recommends=false"
-  -o "Acquire::Retries=3"
-)
-papt() { apt-get -q "${apt_opts[@]}" "$@"; }
-pcache() { apt-cache "${apt_opts[@]}" "$@"; }
-
-log "updating a private package index (bookworm, bookworm-backports from $mirror)"
-papt update --error-on=any >"$K/apt/update.log" 2>&1 ||
-  { cat "$K/apt/update.log" >&2; die "apt-get update of the private index (bookworm, bookworm-backports at $mirror) failed (see above)"; }
+command -v xz >/dev/null || die "needs 'xz' on the host (Debian: apt-get install xz-utils); it is missing"
+# shellcheck source=lib/private-apt.sh
+source "$repo/hack/lib/private-apt.sh"
+private_apt "$K"
 
 # The kernel: the pinned ABI, else the newest 6.1 the archive has.
 kpkg=linux-image-$KERNEL_ABI-amd64
@@ -88,11 +49,6 @@ fi
 
 # Which packages the host lacks for QEMU 10 (bookworm-backports) and for the
 # guest tools (bookworm), as apt would install them.
-missing() { # $@: apt-get install arguments; prints pkg=version lines
-  local out
-  out=$(papt -s install "$@" 2>&1) || { echo "$out" >&2; die "cannot resolve packages: $* (see apt's words above)"; }
-  sed -n 's/^Inst \([^ ]*\) \(\[[^]]*\] \)\?(\([^ ]*\) .*/\1=\3/p' <<<"$out"
-}
 qemu_pkgs=$(missing -t bookworm-backports qemu-system-x86 seabios)
 grep -q '^qemu-system-x86=1:10\.' <<<"$qemu_pkgs" || die "bookworm-backports at $mirror has no QEMU 10 qemu-system-x86 (apt chose: $(grep '^qemu-system-x86=' <<<"$qemu_pkgs" || echo nothing)); the igb SR-IOV NIC needs QEMU >= 8.0"
 guest_pkgs=$(missing iproute2 busybox-static)
@@ -100,26 +56,6 @@ guest_pkgs=$(missing iproute2 busybox-static)
 for p in iproute2 busybox-static; do
   grep -q "^$p=" <<<"$guest_pkgs" || guest_pkgs+=$'\n'"$p=$(pcache policy "$p" | awk '/Candidate:/ {print $2}')"
 done
-
-fetch() { # $1: dest root; rest: pkg=version
-  local root=$1; shift
-  rm -rf "$root.tmp"; mkdir -p "$root.tmp"
-  local p deb
-  for p in "$@"; do
-    [[ -n $p ]] || continue
-    # The C library comes from the host: a private copy would not match its loader.
-    case ${p%%=*} in libc6 | libc-bin | libgcc-s1 | libstdc++6) continue ;; esac
-    deb=$(ls "$K/debs/${p%%=*}_${p#*=}"_*.deb 2>/dev/null | head -1 || true)
-    deb=${deb:-$(ls "$K/debs/${p%%=*}_${p#*=*:}"_*.deb 2>/dev/null | head -1 || true)}
-    if [[ -z $deb ]]; then
-      (cd "$K/debs" && papt download "$p" >/dev/null 2>"$K/debs/download.err") ||
-        { cat "$K/debs/download.err" >&2; die "cannot download Debian package $p from $mirror"; }
-      deb=$(ls -t "$K/debs/${p%%=*}_"*.deb | head -1)
-    fi
-    dpkg-deb -x "$deb" "$root.tmp" || die "cannot unpack $deb"
-  done
-  rm -rf "$root"; mv "$root.tmp" "$root"
-}
 
 log "fetching $kpkg"
 kver=$(pcache policy "$kpkg" | awk '/Candidate:/ {print $2}')
