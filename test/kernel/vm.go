@@ -221,30 +221,18 @@ func (e *Env) BuildInnerInitramfs(out string) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	w := bufio.NewWriter(f)
-	c := NewCPIO(w)
-	for _, d := range []string{"dev", "proc", "sys", "bin", "lib/modules"} {
-		c.Dir(d, 0o755)
-	}
-	c.CopyFile(layout.Busybox, e.Busybox)
-	c.Symlink("/bin/sh", "busybox")
-	for i, p := range order {
-		c.CopyFile(fmt.Sprintf("/lib/modules/%02d-%s.ko", i, ModuleName(p)), p)
-	}
-	c.File("/init", 0o755, []byte(innerInit))
-	if err := c.Close(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := w.Flush(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writeArchive(out, func(c *CPIO) error {
+		for _, d := range []string{"dev", "proc", "sys", "bin", "lib/modules"} {
+			c.Dir(d, 0o755)
+		}
+		c.CopyFile(layout.Busybox, e.Busybox)
+		c.Symlink("/bin/sh", "busybox")
+		for i, p := range order {
+			c.CopyFile(fmt.Sprintf("/lib/modules/%02d-%s.ko", i, ModuleName(p)), p)
+		}
+		c.File("/init", 0o755, []byte(innerInit))
+		return nil
+	})
 }
 
 // innerInit runs in the VM (busybox sh; the applets linked into /bin).
@@ -290,14 +278,13 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 	if err != nil {
 		return err
 	}
-	tmp := out + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	w := bufio.NewWriterSize(f, 1<<20)
-	c := NewCPIO(w)
+	return writeArchive(out, func(c *CPIO) error {
+		return e.fillInitramfs(c, img, order, libs, lay)
+	})
+}
+
+// fillInitramfs adds the guest's files.
+func (e *Env) fillInitramfs(c *CPIO, img Image, order []string, libs map[string]string, lay []byte) error {
 	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "etc/vfnet", "var/lib", "usr/bin", "usr/sbin", "bin", "sbin"} {
 		c.Dir(d, 0o755)
 	}
@@ -319,7 +306,6 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 	c.File(layout.File, 0o644, lay)
 	if img.Virt != nil {
 		if err := e.addVirt(c, img.Virt); err != nil {
-			f.Close()
 			return fmt.Errorf("the vm case's files: %w", err)
 		}
 	}
@@ -333,15 +319,31 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 		fmt.Fprintln(&list, g)
 	}
 	c.File(layout.ModuleOrder, 0o644, list.Bytes())
-	if err := c.Close(); err != nil {
-		f.Close()
+	return nil
+}
+
+// writeArchive writes the cpio archive fill makes to out (through a
+// temporary file, so a failed build leaves no partial archive).
+func writeArchive(out string, fill func(*CPIO) error) error {
+	tmp := out + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
 		return err
 	}
-	if err := w.Flush(); err != nil {
-		f.Close()
-		return err
+	defer os.Remove(tmp)
+	w := bufio.NewWriterSize(f, 1<<20)
+	c := NewCPIO(w)
+	err = fill(c)
+	if err == nil {
+		err = c.Close()
 	}
-	if err := f.Close(); err != nil {
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	return os.Rename(tmp, out)

@@ -267,8 +267,15 @@ func (d *driverProc) unprepare(ctx context.Context, ref *drapb.Claim) error {
 // API server and returns the kubelet's reference to it.
 func apiClaim(t *testing.T, ctx context.Context, kube kubernetes.Interface, name, params string, vf sysfs.VF) *drapb.Claim {
 	t.Helper()
-	c := claim(name, params, vf)
-	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "vf", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
+	return createAllocated(t, ctx, kube, claim(name, params, vf))
+}
+
+// createAllocated creates c (an allocated claim as claim() makes it) in the
+// API server with its request and config in the spec, then allocates it.
+func createAllocated(t *testing.T, ctx context.Context, kube kubernetes.Interface, c *resourceapi.ResourceClaim) *drapb.Claim {
+	t.Helper()
+	req := c.Status.Allocation.Devices.Results[0].Request
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: req, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
 	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
 	status := c.Status
 	c.Status = resourceapi.ResourceClaimStatus{}

@@ -247,21 +247,8 @@ func vmClaim(t *testing.T, ctx context.Context, kube kubernetes.Interface, vf sy
 	t.Helper()
 	c := claim(vmName+"-vf-x7k2p", fmt.Sprintf(`{%s,"mac":%q,"vlan":%d}`, vfConfigHead, vmMAC, vmVLAN), vf)
 	c.Annotations = map[string]string{resourceapi.PodResourceClaimAnnotation: vmPodClaim}
-	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: vmRequest, Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "vfnet"}}}
 	c.Status.Allocation.Devices.Results[0].Request = vmRequest
-	c.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: c.Status.Allocation.Devices.Config[0].DeviceConfiguration}}
-	status := c.Status
-	c.Status = resourceapi.ResourceClaimStatus{}
-	c.UID = ""
-	created, err := kube.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create claim: %v", err)
-	}
-	created.Status = status
-	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("allocate claim: %v", err)
-	}
-	return &drapb.Claim{Namespace: created.Namespace, Name: created.Name, Uid: string(created.UID)}
+	return createAllocated(t, ctx, kube, c)
 }
 
 // libvirtConn is a root client of the pod's libvirt session daemon, as the
