@@ -214,6 +214,10 @@ func checkDriverPermissions(ctx context.Context, t *testing.T, env *flow.Env, dr
 	if _, err := driverDyn.Resource(vmis).Namespace("default").List(ctx, metav1.ListOptions{}); err != nil {
 		t.Errorf("list VMIs: %v", err)
 	}
+	// numVFs: before changing a PF's VF count, whether a claim is allocated one of its VFs.
+	if _, err := driver.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list claims: %v", err)
+	}
 	if _, err := driver.CoreV1().Events("default").Create(ctx, &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Name: "vfnet-test"},
 		InvolvedObject: corev1.ObjectReference{Kind: "VirtualMachineInstance", Namespace: "default", Name: "x"},
@@ -231,7 +235,6 @@ func checkDriverPermissions(ctx context.Context, t *testing.T, env *flow.Env, dr
 	_, refused["patch node"] = driver.CoreV1().Nodes().Patch(ctx, "node-a", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
 	_, refused["update claim spec"] = driver.ResourceV1().ResourceClaims("default").Update(ctx, got, metav1.UpdateOptions{})
 	refused["delete claim"] = driver.ResourceV1().ResourceClaims("default").Delete(ctx, got.Name, metav1.DeleteOptions{})
-	_, refused["list claims"] = driver.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
 	_, refused["create device class"] = driver.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
 	_, refused["create configmap"] = driver.CoreV1().ConfigMaps(flow.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
 	refused["delete VMI"] = driverDyn.Resource(vmis).Namespace("default").Delete(ctx, "x", metav1.DeleteOptions{})
