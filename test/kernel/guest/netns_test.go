@@ -284,6 +284,14 @@ func createAllocated(t *testing.T, ctx context.Context, kube kubernetes.Interfac
 	if err != nil {
 		t.Fatalf("create claim: %v", err)
 	}
+	// The cases share the API server: a claim left allocated would, for one,
+	// block the numvfs case's VF count change on that PF.
+	t.Cleanup(func() {
+		err := kube.ResourceV1().ResourceClaims(created.Namespace).Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete claim %s: %v", created.Name, err)
+		}
+	})
 	created.Status = status
 	if created, err = kube.ResourceV1().ResourceClaims(c.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("allocate claim: %v", err)
