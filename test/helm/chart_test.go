@@ -76,6 +76,14 @@ func valuesFile(t *testing.T, path string) map[string]any {
 // namespaceless). Node config files compare by content.
 func sameObjects(t *testing.T, kustomized []*unstructured.Unstructured, chart *Rendered) {
 	t.Helper()
+	if diff := chartDiff(t, kustomized, chart); len(diff) > 0 {
+		t.Errorf("the chart's objects differ from kustomize's (want: kustomize, got: chart):\n%s", strings.Join(diff, "\n"))
+	}
+}
+
+// chartDiff compares as sameObjects does and returns the differences.
+func chartDiff(t *testing.T, kustomized []*unstructured.Unstructured, chart *Rendered) []string {
+	t.Helper()
 	want := namespaceless(t, kustomized)
 	got := deepCopy(chart.Objects)
 	StripLabels(got, HelmLabels()...)
@@ -88,9 +96,7 @@ func sameObjects(t *testing.T, kustomized []*unstructured.Unstructured, chart *R
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(diff) > 0 {
-		t.Errorf("the chart's objects differ from kustomize's (want: kustomize, got: chart):\n%s", strings.Join(diff, "\n"))
-	}
+	return diff
 }
 
 func deepCopy(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
@@ -187,18 +193,7 @@ func TestDiffNamesObjectAndField(t *testing.T) {
 		"deviceClasses": []any{map[string]any{"network": "physnet-a"}},
 		"nodeConfig":    map[string]any{"pfs": []any{map[string]any{"pfName": "enp59s0f0", "network": "physnet-a", "numVFs": 8}}},
 	})
-	want := namespaceless(t, k)
-	got := deepCopy(c.Objects)
-	StripLabels(got, HelmLabels()...)
-	for _, objs := range [][]*unstructured.Unstructured{want, got} {
-		if err := ParseYAMLData(objs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	diff, err := Diff(want, got)
-	if err != nil {
-		t.Fatal(err)
-	}
+	diff := chartDiff(t, k, c)
 	wantLines := []string{
 		`DaemonSet vfnet-system/vfnet-driver: spec.template.spec.containers[name=driver].args[6]: want missing, got --v=2`,
 		`DaemonSet vfnet-system/vfnet-driver: spec.template.spec.containers[name=driver].resources.requests.memory: want 50Mi, got 64Mi`,
