@@ -137,16 +137,7 @@ func (e *env) testHelmUpgrade(t *testing.T) {
 		t.Errorf("checkpoint after the upgrade: %+v %v, want claim %s", cp, err, v.claim.UID)
 	}
 
-	e.deletePod(ctx, t, "default", "vf-pod-helm")
-	e.checkRestored(ctx, t, v)
-	var log string
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		log = PodLog(cur, "driver")
-		return strings.Contains(log, "Unprepared claim") && strings.Contains(log, v.claim.Name), nil
-	})
-	if err != nil {
-		t.Errorf("the upgraded driver pod %s did not unprepare %s: %v\n%s", cur.Name, v.claim.Name, err, log)
-	}
+	e.deletePodUnpreparedBy(ctx, t, "vf-pod-helm", v, cur)
 }
 
 // testHelmUninstall: `helm uninstall` leaves nothing of vfnet in the

@@ -446,6 +446,24 @@ func (e *env) checkContainerSees(ctx context.Context, t *testing.T, pod *corev1.
 	}
 }
 
+// deletePodUnpreparedBy deletes the VF pod name in default, checks that its
+// VF v is restored and waits until driver, the driver pod now running,
+// logs the claim's unprepare: the driver logs it before it answers the
+// kubelet, but containerd copies its output to the log file on its own.
+func (e *env) deletePodUnpreparedBy(ctx context.Context, t *testing.T, name string, v vf, driver *corev1.Pod) {
+	t.Helper()
+	e.deletePod(ctx, t, "default", name)
+	e.checkRestored(ctx, t, v)
+	var log string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		log = PodLog(driver, "driver")
+		return strings.Contains(log, "Unprepared claim") && strings.Contains(log, v.claim.Name), nil
+	})
+	if err != nil {
+		t.Errorf("driver pod %s did not unprepare %s: %v\n%s", driver.Name, v.claim.Name, err, log)
+	}
+}
+
 func (e *env) deletePod(ctx context.Context, t *testing.T, ns, name string) {
 	t.Helper()
 	if err := e.Kube.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
@@ -763,18 +781,7 @@ func (e *env) testRolloutRestart(t *testing.T) {
 	e.waitReplaced(ctx, t, old, begin, "rollout restart")
 	cur := e.driverPod(ctx, t)
 
-	e.deletePod(ctx, t, "default", "vf-pod-rollout")
-	e.checkRestored(ctx, t, v)
-	// The driver logs the unprepare before it answers the kubelet, but
-	// containerd copies its output to the log file on its own: wait for it.
-	var log string
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		log = PodLog(cur, "driver")
-		return strings.Contains(log, "Unprepared claim") && strings.Contains(log, v.claim.Name), nil
-	})
-	if err != nil {
-		t.Errorf("the new driver pod %s did not unprepare %s: %v\n%s", cur.Name, v.claim.Name, err, log)
-	}
+	e.deletePodUnpreparedBy(ctx, t, "vf-pod-rollout", v, cur)
 	regs, _ := filepath.Glob(filepath.Join(registryDir, "*"))
 	socks, _ := filepath.Glob(filepath.Join(pluginDir, "*.sock"))
 	for _, s := range append(regs, socks...) {
