@@ -263,6 +263,25 @@ func (d *driverProc) unprepare(ctx context.Context, ref *drapb.Claim) error {
 	return nil
 }
 
+// waitPublished waits until a ResourceSlice of vfnet's offers devName.
+func (d *driverProc) waitPublished(t *testing.T, ctx context.Context, kube kubernetes.Interface, devName string) {
+	t.Helper()
+	waitFor(t, ctx, d.exited, "a ResourceSlice with "+devName, func() bool {
+		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range list.Items {
+			for _, dev := range s.Spec.Devices {
+				if dev.Name == devName && s.Spec.Driver == discovery.DriverName {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
 // apiClaim creates an allocated claim for vf with VFConfig params in the
 // API server and returns the kubelet's reference to it.
 func apiClaim(t *testing.T, ctx context.Context, kube kubernetes.Interface, name, params string, vf sysfs.VF) *drapb.Claim {
@@ -327,20 +346,7 @@ func TestDriverInOwnNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, drv.exited, "a ResourceSlice with "+devName, func() bool {
-		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		for _, s := range list.Items {
-			for _, d := range s.Spec.Devices {
-				if d.Name == devName && s.Spec.Driver == discovery.DriverName {
-					return true
-				}
-			}
-		}
-		return false
-	})
+	drv.waitPublished(t, ctx, kube, devName)
 
 	ref := apiClaim(t, ctx, kube, "netns", `{`+vfConfigHead+`,"mac":"02:00:00:00:06:01","vlan":61,"trust":true}`, vf)
 	start := time.Now()

@@ -25,7 +25,6 @@ import (
 	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"libvirt.org/go/libvirtxml"
@@ -557,20 +556,7 @@ func TestVMOnVF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, drv.exited, "a ResourceSlice with "+devName, func() bool {
-		list, err := kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		for _, s := range list.Items {
-			for _, d := range s.Spec.Devices {
-				if d.Name == devName {
-					return true
-				}
-			}
-		}
-		return false
-	})
+	drv.waitPublished(t, ctx, kube, devName)
 
 	// 1. The driver prepares the VF; the CDI specs say what the pod gets.
 	ref := vmClaim(t, ctx, kube, vf)
