@@ -2,6 +2,6 @@
 
 package preparetest
 
-// raceEnabled: the race detector makes every crash-test child process
-// several times slower.
+// raceEnabled: the crash test, whose children are other processes, runs
+// without the race detector.
 const raceEnabled = true

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 )
 
@@ -57,25 +56,51 @@ func checkBinaries(dir string) error {
 	return nil
 }
 
-// buildScript locates test/tools/build.sh relative to this source file, so
-// tests in any package of the module find it.
+// buildScript locates test/tools/build.sh in the module, so tests in any
+// package of the module find it.
 func buildScript() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("locate test/tools/build.sh: no caller information")
+	root, err := RepoRoot()
+	if err != nil {
+		return "", fmt.Errorf("locate test/tools/build.sh: %w", err)
 	}
-	script := filepath.Join(filepath.Dir(file), "..", "tools", "build.sh")
+	script := filepath.Join(root, "test", "tools", "build.sh")
 	if _, err := os.Stat(script); err != nil {
 		return "", fmt.Errorf("locate test/tools/build.sh: %w", err)
 	}
-	return filepath.Clean(script), nil
+	return script, nil
 }
 
-// RepoRoot is the module root (two levels above this package).
+// Module is the path of the module RepoRoot finds.
+const Module = "github.com/vfnet-io/vfnet"
+
+// RepoRoot is the module root: the nearest directory above the working
+// directory (a test's package directory, or the repository for `go run`)
+// whose go.mod declares Module. Not the source file's path: tests build
+// with -trimpath, so that a fresh clone reuses Go's build cache.
 func RepoRoot() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("locate repository root: no caller information")
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("locate repository root: %w", err)
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..")), nil
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && modulePath(data) == Module {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("locate repository root: no go.mod of %s above the working directory; run from inside the repository", Module)
+		}
+		dir = parent
+	}
+}
+
+// modulePath is the path a go.mod's module directive declares.
+func modulePath(gomod []byte) string {
+	for _, l := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`)
+		}
+	}
+	return ""
 }

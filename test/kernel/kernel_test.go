@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -32,8 +31,11 @@ const (
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 func cacheDir(t *testing.T, repo string) string {
@@ -131,13 +133,15 @@ func TestRealKernel(t *testing.T) {
 	defer cancel()
 	var console bytes.Buffer
 	var runErr error
+	var cpu *CaseCPU
 	for attempt := 1; attempt <= attempts; attempt++ {
 		console.Reset()
 		fmt.Fprintf(logf, "=== boot %d of at most %d\n", attempt, attempts)
 		step = time.Now()
+		cpu = NewCaseCPU()
 		runErr = env.Run(ctx, RunOptions{
 			Initrd: initrd, Cases: cases, UserNet: lay.APIServer != "",
-			Console: io.MultiWriter(logf, &console), BootTimeout: bootTimeout,
+			Console: io.MultiWriter(logf, &console), BootTimeout: bootTimeout, CaseCPU: cpu,
 		})
 		t.Logf("guest ran %s (console: %s)", time.Since(step).Round(time.Second), logPath)
 		var stall *BootStallError
@@ -166,7 +170,11 @@ func TestRealKernel(t *testing.T) {
 			case !ok:
 				t.Fatalf("case %s reported nothing; last console lines:\n%s", c, tail(console.String(), 40))
 			case r.Status == "PASS":
-				t.Logf("%s", r.Detail)
+				if used, ok := cpu.Used(c); ok {
+					t.Logf("%s, QEMU used %.1f CPU-s", r.Detail, used.Seconds())
+				} else {
+					t.Logf("%s", r.Detail)
+				}
 			case r.Status == "SKIP":
 				t.Skipf("the guest skipped it %s:\n%s", r.Detail, r.Output)
 			case r.Status == "":
@@ -201,7 +209,12 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 	t.Helper()
 	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver"),
 		binding: filepath.Join(dir, "vfnet-binding"), launcher: filepath.Join(dir, "kernellauncher")}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts its own Go first on PATH (runtime.GOROOT is empty
+	// under -trimpath).
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("find the go command: %v", err)
+	}
 	type goBuild struct {
 		dir  string
 		args []string

@@ -2,12 +2,14 @@ package kernel
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // readNewc is an independent reader of the newc format (as the kernel's
@@ -169,5 +171,25 @@ func TestParseConsole(t *testing.T) {
 	c, _ = ParseConsole(strings.NewReader("VFNET-CASE a BEGIN\nVFNET-CASE a SKIP\nVFNET-DONE\n"))
 	if a, _ := c.Case("a"); !c.Done || a.Status != "SKIP" {
 		t.Errorf("got %+v done=%v", c.Results, c.Done)
+	}
+}
+
+func TestCaseCPUMeasuresBetweenMarks(t *testing.T) {
+	m := NewCaseCPU()
+	m.start(os.Getpid())
+	// Marks may arrive split across writes and after other text.
+	fmt.Fprint(m, "[ 1.0] kernel says hi\nVFNET-CASE busy BE")
+	fmt.Fprint(m, "GIN\nVFNET-CASE hung BEGIN\n")
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		_ = n * n
+	}
+	fmt.Fprint(m, "output\nVFNET-CASE busy PASS (0.3s)\n")
+	used, ok := m.Used("busy")
+	if !ok || used < 100*time.Millisecond {
+		t.Fatalf("busy used %v (%v), want at least 100ms of the 300ms spun", used, ok)
+	}
+	if _, ok := m.Used("hung"); ok {
+		t.Fatal("a case that never ended has a CPU time")
 	}
 }
