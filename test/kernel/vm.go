@@ -393,10 +393,9 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	}
 	args = append(args,
 		// One host thread runs both vCPUs in turn (thread=single): with a
-		// thread each, a vCPU whose peer lost the host CPU spins in its
-		// locks and IPIs, and beside make test's other tiers the VM case
-		// took twice the CPU. Beside two CPU burners, crash and vm took
-		// 315 CPU-s instead of 356 and 332 s instead of 365 s.
+		// thread each, a vCPU whose peer has lost the host CPU can only
+		// spin on it in locks and IPIs. Beside two CPU burners, crash and
+		// vm took 315 CPU-s instead of 356, and 332 s instead of 365 s.
 		"-machine", "q35,kernel-irqchip=split", "-accel", "tcg,thread=single",
 		// No MONITOR/MWAIT: TCG runs a multi-vCPU guest's mwait as a pause,
 		// so idle vCPUs spun in acpi_processor_ffh_cstate_enter, and a boot
