@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -200,15 +201,17 @@ func saveTrace(t *testing.T, console, path string) {
 	}
 }
 
-type guestBinaries struct{ init, driver, binding, launcher string }
+type guestBinaries struct{ init, driver, binding, launcher, vmirender string }
 
 // buildGuestBinaries builds the case binary (the guest's /init) and
 // vfnet-driver, static (CGO_ENABLED=0): the guest has no C library of its
-// own. With virt, also vfnet-binding and test/kubevirt's kernellauncher.
+// own. With virt, also vfnet-binding and test/kubevirt's kernellauncher,
+// and test/kubevirt's vmirender, which runs here on the host.
 func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries {
 	t.Helper()
 	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver"),
-		binding: filepath.Join(dir, "vfnet-binding"), launcher: filepath.Join(dir, "kernellauncher")}
+		binding: filepath.Join(dir, "vfnet-binding"), launcher: filepath.Join(dir, "kernellauncher"),
+		vmirender: filepath.Join(dir, "vmirender")}
 	// go test puts its own Go first on PATH (runtime.GOROOT is empty
 	// under -trimpath).
 	goBin, err := exec.LookPath("go")
@@ -230,7 +233,8 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 		builds = append(builds,
 			goBuild{repo, []string{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.binding, "./cmd/vfnet-binding"}},
 			// As make kubevirt-tests builds test/kubevirt (static, -trimpath).
-			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.launcher, "./cmd/kernellauncher"}})
+			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.launcher, "./cmd/kernellauncher"}},
+			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.vmirender, "./cmd/vmirender"}})
 	}
 	for _, bd := range builds {
 		cmd := exec.Command(goBin, bd.args...)
@@ -244,7 +248,8 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 }
 
 // virtImage prepares what the vm case adds to the guest: libvirt from
-// hack/virt-deps.sh, the binaries, the example VM and the VM's initramfs.
+// hack/virt-deps.sh, the binaries, the example VM's VMI and the VM's
+// initramfs.
 func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins guestBinaries) *VirtImage {
 	t.Helper()
 	start := time.Now()
@@ -258,8 +263,18 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 		t.Fatal(err)
 	}
 	v.Binding, v.Launcher = bins.binding, bins.launcher
-	v.ExampleVM = filepath.Join(repo, "manifests", "examples", "vm.yaml")
-	v.BindingPatch = filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml")
+	// The VMI is rendered here: virt-api's mutators, which render it, take
+	// 4 s to initialize natively and minutes under the guest's nested TCG.
+	v.VMI = filepath.Join(work, "vmi.json")
+	render := exec.Command(bins.vmirender,
+		"-vm", filepath.Join(repo, "manifests", "examples", "vm.yaml"),
+		"-kubevirt", filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml"),
+		"-memory", layout.VMMemory, "-kernel-args", layout.VMKernelArgs,
+		"-kernel-path", path.Join(layout.VMKernelDir, layout.InnerKernel), "-initrd-path", path.Join(layout.VMKernelDir, layout.InnerInitrd),
+		"-out", v.VMI)
+	if out, err := render.CombinedOutput(); err != nil {
+		t.Fatalf("render the example VM's VMI (test/kubevirt cmd/vmirender): %v\n%s", err, out)
+	}
 	v.InnerInitrd = filepath.Join(work, "inner-initrd.cpio")
 	if err := env.BuildInnerInitramfs(v.InnerInitrd); err != nil {
 		t.Fatalf("build the VM's initramfs: %v", err)

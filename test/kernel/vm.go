@@ -93,9 +93,9 @@ type VirtImage struct {
 	// Libs are the library directories of Root.
 	Libs []string
 	// Binding is the static vfnet-binding; Launcher test/kubevirt's
-	// kernellauncher; ExampleVM manifests/examples/vm.yaml; BindingPatch
-	// manifests/kubevirt/binding-patch.yaml.
-	Binding, Launcher, ExampleVM, BindingPatch string
+	// kernellauncher; VMI the example VM's VMI that test/kubevirt's
+	// vmirender wrote.
+	Binding, Launcher, VMI string
 	// InnerInitrd is the VM's own initramfs (BuildInnerInitramfs); the
 	// VM's kernel is the guest's.
 	InnerInitrd string
@@ -176,8 +176,7 @@ func (e *Env) addVirt(c *CPIO, v *VirtImage) error {
 	}
 	c.CopyFile(layout.Binding, v.Binding)
 	c.CopyFile(layout.Launcher, v.Launcher)
-	c.CopyFile(layout.ExampleVM, v.ExampleVM)
-	c.CopyFile(layout.BindingPatch, v.BindingPatch)
+	c.CopyFile(layout.VMI, v.VMI)
 	c.CopyFile(path.Join(layout.InnerDir, layout.InnerKernel), e.Vmlinux)
 	c.CopyFile(path.Join(layout.InnerDir, layout.InnerInitrd), v.InnerInitrd)
 	// virt-launcher's image has these users (uid 107 runs the non-root VM).

@@ -56,26 +56,18 @@ const (
 	// qemuUID runs the non-root launcher pod's containers.
 	qemuUID = 107
 	// launcherPodUID stands for the launcher pod's UID (its kubelet
-	// volume directory).
+	// volume directory), targetPodUID for the migration target's.
 	launcherPodUID = "6b1d4b52-9c3e-4e47-8f8e-vm0physneta1"
-	// vmMemory is the VM's guest memory (the example asks 1Gi; the test
-	// guest has 2 GiB in all).
-	vmMemory = "256Mi"
-	// vmKernelArgs boot the VM's kernel (the guest's own) on its serial
-	// console, which KubeVirt logs (virt-serial0-log). Under nested TCG
-	// its boot is most of the case's cost: the crypto self-tests were a
-	// quarter of it, and zeroing every allocation and the Spectre
-	// mitigations only slow an emulated CPU that has nothing to protect.
-	vmKernelArgs = "console=ttyS0 panic=-1 no_timer_check quiet cryptomgr.notests init_on_alloc=0 mitigations=off"
+	targetPodUID   = "9d2e7f61-4a5b-4c3d-9e8f-vm0physneta2"
 )
 
 // launcherPod is the virt-launcher pod of the example VM as the kubelet
 // and the container runtime would lay it out: its emptyDir volumes under
 // the kubelet pods dir, a mount namespace per container.
 type launcherPod struct {
-	podsDir string
-	vols    map[string]string // volume name -> node path
-	procs   []*podProc
+	podsDir, uid string
+	vols         map[string]string // volume name -> node path
+	procs        []*podProc
 }
 
 // podVolumes are the launcher pod's emptyDirs the case needs, with their
@@ -89,11 +81,11 @@ var podVolumes = map[string]string{
 	"kernel-boot-volume":   "/var/run/kubevirt-kernel-boot",
 }
 
-func newLauncherPod(t *testing.T, podsDir string) *launcherPod {
+func newLauncherPod(t *testing.T, podsDir, uid string) *launcherPod {
 	t.Helper()
-	p := &launcherPod{podsDir: podsDir, vols: map[string]string{}}
+	p := &launcherPod{podsDir: podsDir, uid: uid, vols: map[string]string{}}
 	for name := range podVolumes {
-		d := filepath.Join(podsDir, launcherPodUID, "volumes", "kubernetes.io~empty-dir", name)
+		d := filepath.Join(podsDir, uid, "volumes", "kubernetes.io~empty-dir", name)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -105,12 +97,12 @@ func newLauncherPod(t *testing.T, podsDir string) *launcherPod {
 	}
 	t.Cleanup(func() {
 		p.stopAll(t)
-		_ = os.RemoveAll(filepath.Join(podsDir, launcherPodUID))
+		_ = os.RemoveAll(filepath.Join(podsDir, uid))
 	})
 	return p
 }
 
-func (p *launcherPod) runtimeDir() string { return attach.RuntimeDir(p.podsDir, launcherPodUID) }
+func (p *launcherPod) runtimeDir() string { return attach.RuntimeDir(p.podsDir, p.uid) }
 
 // binds are the volume mounts of a container, plus extra.
 func (p *launcherPod) binds(names []string, extra ...bind) []bind {
@@ -536,8 +528,9 @@ func detachLikeKubeVirt(t *testing.T, ctx context.Context, lv *libvirt.Libvirt, 
 // v1.9.0's converter, hook manager and virt-launcher's define steps
 // (test/kubevirt/cmd/kernellauncher) define and start the domain; QEMU
 // holds the VF through VFIO and the VM's own kernel drives it with
-// igbvf. Then the migration detach and vfnet's re-attach through the
-// daemon's RPC, and the teardown.
+// igbvf. Then the migration detach, vfnet's re-attach through the
+// daemon's RPC on a migration target's domain (a second launcher pod) and,
+// as after a failed migration, on the source, and the teardown.
 func TestVMOnVF(t *testing.T) {
 	m := guest(t)
 	kube, apiHost := m.apiClient(t)
@@ -581,70 +574,21 @@ func TestVMOnVF(t *testing.T) {
 	t.Logf("CDI: device nodes %v, mounts %+v", groups, metaBinds)
 
 	// 2. The launcher pod: libvirtd in the compute container.
-	// The kubelet's pods dir, on the guest's root file system with the
-	// VM's kernel files, which the kernel-boot volume links.
-	pod := newLauncherPod(t, attach.DefaultKubeletPodsDir)
-	kernelVol := filepath.Join(pod.vols["kernel-boot-volume"], "boot")
-	if err := os.MkdirAll(kernelVol, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The kernel-boot container's init container copies its files there.
-	for _, f := range []string{layout.InnerKernel, layout.InnerInitrd} {
-		if err := os.Link(filepath.Join(layout.InnerDir, f), filepath.Join(kernelVol, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	compute := []string{"private", "public", "ephemeral-disks", "libvirt-runtime", "hook-sidecar-sockets", "kernel-boot-volume"}
-	xdg := []string{"XDG_CACHE_HOME=/var/run/kubevirt-private", "XDG_CONFIG_HOME=/var/run/kubevirt-private", "XDG_RUNTIME_DIR=/var/run", "HOME=/var/run/kubevirt-private", "USER=qemu"}
-	// virt-launcher's libvirt configuration (v1.9.0 cmd/virt-launcher
-	// virtqemud.conf and qemu.conf, the latter at the non-root path).
-	writeOwned(t, filepath.Join(pod.vols["libvirt-runtime"], "libvirtd.conf"), "listen_tls = 0\nlisten_tcp = 0\nlog_outputs = \"1:stderr\"\n")
-	writeOwned(t, filepath.Join(pod.vols["private"], "libvirt", "qemu.conf"),
-		"stdio_handler = \"logd\"\nvnc_listen = \"0.0.0.0\"\nvnc_tls = 0\nvnc_sasl = 0\nuser = \"qemu\"\ngroup = \"qemu\"\ndynamic_ownership = 1\nremember_owner = 0\nnamespaces = [ ]\ncgroup_controllers = [ ]\n")
+	pod := newLauncherPod(t, attach.DefaultKubeletPodsDir, launcherPodUID)
+	pod.linkKernelFiles(t)
 	step := time.Now()
-	libvirtd := pod.startSpec(t, "libvirtd", containerSpec{Binds: pod.binds(compute), UID: qemuUID, Env: xdg, Reaper: true,
-		Argv: []string{"/usr/sbin/libvirtd", "-f", "/var/run/libvirt/libvirtd.conf"}})
-	sock := filepath.Join(pod.runtimeDir(), "libvirt-sock")
-	waitFor(t, ctx, libvirtd.exited, "libvirtd's socket", func() bool { _, err := os.Stat(sock); return err == nil })
-	// Debian ships libvirtd, whose session socket is libvirt-sock; KubeVirt's
-	// virtqemud listens on virtqemud-sock in the same directory, the name
-	// vfnet's attach dials.
-	if err := os.Symlink("libvirt-sock", filepath.Join(pod.runtimeDir(), attach.SocketName)); err != nil {
-		t.Fatal(err)
-	}
+	libvirtd := pod.startLibvirtd(t, ctx)
 	t.Logf("libvirtd (session, uid %d) listening after %s", qemuUID, time.Since(step).Round(time.Millisecond))
-	// virt-handler raises virtqemud's locked-memory limit before the
-	// domain starts for a VMI with memLock: Required (v1.9.0
-	// pkg/hypervisor/kvm AdjustResources); QEMU inherits it.
-	memlock := uint64(parseMi(t, vmMemory)) + attach.VFIOMemlockOverhead
-	daemons := processesNamed("libvirtd")
-	if len(daemons) != 1 {
-		t.Fatalf("want one libvirtd process, found %v", daemons)
-	}
-	if err := unix.Prlimit(daemons[0], unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlock, Max: memlock}, nil); err != nil {
-		t.Fatal(err)
-	}
 
 	// 3. The sidecar: the real vfnet-binding with the metadata mount.
-	// Its container mounts its own subdirectory of the hooks volume (subPath
-	// hook-sidecar-0); the hook manager looks in each subdirectory.
-	sidecarDir := filepath.Join(pod.vols["hook-sidecar-sockets"], "hook-sidecar-0")
-	if err := os.Mkdir(sidecarDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(sidecarDir, qemuUID, qemuUID); err != nil {
-		t.Fatal(err)
-	}
-	pod.start(t, "vfnet-binding", append(metaBinds, bind{Source: sidecarDir, Target: podVolumes["hook-sidecar-sockets"]}),
-		[]string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
+	pod.startSidecar(t, metaBinds)
 
 	// 4. virt-launcher's part: convert, hooks, define, start.
 	domOut := filepath.Join(pod.vols["private"], "domain.xml")
 	step = time.Now()
-	launcher := pod.start(t, "kernellauncher", pod.binds(compute), xdg, layout.Launcher,
-		"-vm", layout.ExampleVM, "-kubevirt", layout.BindingPatch, "-libvirt-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
-		"-memory", vmMemory, "-kernel-path", "/boot/"+layout.InnerKernel, "-initrd-path", "/boot/"+layout.InnerInitrd,
-		"-kernel-args", vmKernelArgs, "-out", "/var/run/kubevirt-private/domain.xml")
+	launcher := pod.start(t, "kernellauncher", pod.binds(computeVolumes), launcherEnv, layout.Launcher,
+		"-vmi", layout.VMI, "-libvirt-socket", "/var/run/libvirt/libvirt-sock", "-hook-sidecars", "1",
+		"-out", "/var/run/kubevirt-private/domain.xml")
 	if err := launcher.wait(t, 10*time.Minute); err != nil {
 		t.Fatalf("kernellauncher: %v\n%s\nlibvirtd:\n%s", err, launcher.out.String(), libvirtd.out.String())
 	}
@@ -677,9 +621,9 @@ func TestVMOnVF(t *testing.T) {
 	took := pod.waitInner(t, ctx, 12*time.Minute, vfIn, "its VF with MAC "+vmMAC)
 	t.Logf("the VM's igbvf reports %s %s after QMP listed the VF", vmMAC, took.Round(time.Second))
 
-	// 6. Migration: the source detaches the VF by alias; vfnet re-attaches
-	// it through the daemon's RPC, as after a failed migration.
-	_, d, raw := liveDomain(t, lv)
+	// 6. Migration: the source detaches the VF by alias, as KubeVirt's
+	// source does before it migrates a VMI with SR-IOV devices.
+	srcDom, d, raw := liveDomain(t, lv)
 	freeBefore := freeRootPorts(d, raw)
 	detach := detachLikeKubeVirt(t, ctx, lv, alias)
 	_, d, raw = liveDomain(t, lv)
@@ -694,8 +638,89 @@ func TestVMOnVF(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: attach.ProcMemlock{ProcRoot: "/proc", Limits: attach.Prlimit{}}, PodsDir: pod.podsDir}
+	req := func(podUID string) attach.Request {
+		return attach.Request{PodUID: podUID, Domain: domainName, Hostdevs: []attach.Hostdev{{Interface: vmIface, Source: src}}}
+	}
+
+	// 6a. The migration succeeds: vfnet re-attaches the VF on the target.
+	// The target is a second launcher pod with its own libvirtd, sidecar
+	// and virt-launcher's prepareMigrationTarget; its domain comes from the
+	// source's migratable XML (v1.9.0 migratableDomXML), which has no VF.
+	// Changed for the guest: libvirt's incoming migration would start that
+	// XML's QEMU paused and fill it with the source's state; here it boots
+	// (the firmware numbers the root ports' buses, which QMP needs to list
+	// the VF) and no memory moves, which vfnet does not touch. The source
+	// is paused meanwhile, as libvirt pauses it at the switch-over.
+	migratable, err := lv.DomainGetXMLDesc(srcDom, libvirt.DomainXMLMigratable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lv.DomainSuspend(srcDom); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	logdsBefore := processesNamed("virtlogd")
+	tgt := newLauncherPod(t, pod.podsDir, targetPodUID)
+	tgt.linkKernelFiles(t)
+	tgt.startLibvirtd(t, ctx)
+	tgt.startSidecar(t, metaBinds)
+	prep := tgt.start(t, "kernellauncher-target", tgt.binds(computeVolumes), launcherEnv, layout.Launcher,
+		"-vmi", layout.VMI, "-migration-target", "-hook-sidecars", "1")
+	if err := prep.wait(t, 5*time.Minute); err != nil {
+		t.Fatalf("kernellauncher -migration-target: %v\n%s", err, prep.out.String())
+	}
+	t.Logf("migration target prepared:\n%s", prep.out.String())
+	tlv := libvirtConn(t, tgt.runtimeDir())
+	// Defined, not transient: KubeVirt migrates with MIGRATE_PERSIST_DEST.
 	step = time.Now()
-	r, err := a.Attach(ctx, attach.Request{PodUID: launcherPodUID, Domain: domainName, Hostdevs: []attach.Hostdev{{Interface: vmIface, Source: src}}})
+	tdom, err := tlv.DomainDefineXML(migratable)
+	if err != nil {
+		t.Fatalf("define the target domain from the source's migratable XML: %v", err)
+	}
+	if err := tlv.DomainCreate(tdom); err != nil {
+		t.Fatalf("start the target domain: %v", err)
+	}
+	targetStart := time.Since(step)
+	_, td, traw := liveDomain(t, tlv)
+	if vfHostdev(td, alias) != nil {
+		t.Fatalf("the source's migratable XML still has hostdev %s after the detach", alias)
+	}
+	targetFree := freeRootPorts(td, traw)
+	step = time.Now()
+	r, err := a.Attach(ctx, req(targetPodUID))
+	if err != nil {
+		t.Fatalf("vfnet's attach on the migration target: %v", err)
+	}
+	targetAttach := time.Since(step)
+	if len(r.Attached) != 1 || r.Attached[0] != alias {
+		t.Fatalf("attach result on the target %+v; want %s attached", r, alias)
+	}
+	targetPort := checkVFInQEMU(t, ctx, tlv, alias)
+	targetListed := time.Since(step)
+	if !slices.Contains(targetFree, targetPort) {
+		t.Errorf("on the target, the VF sits behind root port %d, which was not free (%v)", targetPort, targetFree)
+	}
+	qemuHoldsGroup(t, tgt.runtimeDir(), groups)
+	t.Logf("migration target: define and start %s; free root ports %v; vfnet's attach %s, QMP lists the VF behind root port %d %s after the attach began",
+		targetStart.Round(time.Millisecond), targetFree, targetAttach.Round(time.Millisecond), targetPort, targetListed.Round(time.Millisecond))
+	// The target goes, which releases the VF for the other outcome.
+	destroyDomain(t, ctx, tlv)
+	tgt.stopAll(t)
+	tgt.procs = nil
+	for _, p := range processesNamed("virtlogd") {
+		if !slices.Contains(logdsBefore, p) {
+			_ = syscall.Kill(p, syscall.SIGTERM)
+		}
+	}
+
+	// 6b. The migration fails: the source resumes and vfnet re-attaches
+	// the VF there.
+	if err := lv.DomainResume(srcDom); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the migration target's whole phase (second pod, its domain, the attach, its teardown): %s", time.Since(paused).Round(time.Millisecond))
+	step = time.Now()
+	r, err = a.Attach(ctx, req(launcherPodUID))
 	if err != nil {
 		t.Fatalf("vfnet's attach: %v", err)
 	}
@@ -709,7 +734,7 @@ func TestVMOnVF(t *testing.T) {
 	}
 	qemuHoldsGroup(t, pod.runtimeDir(), groups)
 	took = pod.waitInner(t, ctx, 2*time.Minute, vfIn, "its VF back with MAC "+vmMAC)
-	t.Logf("re-attach through vfnet's RPC path took %s (root port %d, was %d); the VM's igbvf saw it again %s later", reattach.Round(time.Millisecond), newPort, port, took.Round(time.Second))
+	t.Logf("re-attach on the source through vfnet's RPC path took %s (root port %d, was %d); the VM's igbvf saw it again %s later", reattach.Round(time.Millisecond), newPort, port, took.Round(time.Second))
 
 	// 7. Teardown: the domain is destroyed, the pod stops, the driver
 	// unprepares; the VF is back on igbvf as it was.
@@ -730,6 +755,85 @@ func TestVMOnVF(t *testing.T) {
 	}
 	m.checkRestored(t, pf, vf, before, false)
 	drv.stop(t)
+}
+
+// computeVolumes are the compute container's volumes, launcherEnv its
+// environment (KubeVirt v1.9.0's non-root virt-launcher: libvirt's session
+// directories in the private volume and /var/run).
+var (
+	computeVolumes = []string{"private", "public", "ephemeral-disks", "libvirt-runtime", "hook-sidecar-sockets", "kernel-boot-volume"}
+	launcherEnv    = []string{"XDG_CACHE_HOME=/var/run/kubevirt-private", "XDG_CONFIG_HOME=/var/run/kubevirt-private", "XDG_RUNTIME_DIR=/var/run", "HOME=/var/run/kubevirt-private", "USER=qemu"}
+)
+
+// startSidecar starts the real vfnet-binding with the claim's metadata
+// mount. Its container mounts its own subdirectory of the hooks volume
+// (subPath hook-sidecar-0); the hook manager looks in each subdirectory.
+func (p *launcherPod) startSidecar(t *testing.T, metaBinds []bind) {
+	t.Helper()
+	sidecarDir := filepath.Join(p.vols["hook-sidecar-sockets"], "hook-sidecar-0")
+	if err := os.Mkdir(sidecarDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sidecarDir, qemuUID, qemuUID); err != nil {
+		t.Fatal(err)
+	}
+	p.start(t, "vfnet-binding", append(slices.Clone(metaBinds), bind{Source: sidecarDir, Target: podVolumes["hook-sidecar-sockets"]}),
+		[]string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
+}
+
+// linkKernelFiles puts the VM's kernel and initramfs into the pod's
+// kernel-boot volume, as the kernel-boot container's init container
+// copies them there. They are on the guest's root file system, which the
+// kubelet's pods dir is on too.
+func (p *launcherPod) linkKernelFiles(t *testing.T) {
+	t.Helper()
+	dir := filepath.Join(p.vols["kernel-boot-volume"], layout.VMKernelDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{layout.InnerKernel, layout.InnerInitrd} {
+		if err := os.Link(filepath.Join(layout.InnerDir, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startLibvirtd starts the pod's session libvirtd as uid 107 with
+// virt-launcher's configuration (v1.9.0 cmd/virt-launcher virtqemud.conf,
+// and qemu.conf at the non-root path) and, once it listens, raises its
+// locked-memory limit as virt-handler does before a VMI with VFIO devices
+// starts or receives a migration (v1.9.0 pkg/hypervisor/kvm
+// AdjustResources); QEMU inherits it.
+func (p *launcherPod) startLibvirtd(t *testing.T, ctx context.Context) *podProc {
+	t.Helper()
+	writeOwned(t, filepath.Join(p.vols["libvirt-runtime"], "libvirtd.conf"), "listen_tls = 0\nlisten_tcp = 0\nlog_outputs = \"1:stderr\"\n")
+	writeOwned(t, filepath.Join(p.vols["private"], "libvirt", "qemu.conf"),
+		"stdio_handler = \"logd\"\nvnc_listen = \"0.0.0.0\"\nvnc_tls = 0\nvnc_sasl = 0\nuser = \"qemu\"\ngroup = \"qemu\"\ndynamic_ownership = 1\nremember_owner = 0\nnamespaces = [ ]\ncgroup_controllers = [ ]\n")
+	others := processesNamed("libvirtd")
+	libvirtd := p.startSpec(t, "libvirtd", containerSpec{Binds: p.binds(computeVolumes), UID: qemuUID, Env: launcherEnv, Reaper: true,
+		Argv: []string{"/usr/sbin/libvirtd", "-f", "/var/run/libvirt/libvirtd.conf"}})
+	sock := filepath.Join(p.runtimeDir(), "libvirt-sock")
+	waitFor(t, ctx, libvirtd.exited, "libvirtd's socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	// Debian ships libvirtd, whose session socket is libvirt-sock; KubeVirt's
+	// virtqemud listens on virtqemud-sock in the same directory, the name
+	// vfnet's attach dials.
+	if err := os.Symlink("libvirt-sock", filepath.Join(p.runtimeDir(), attach.SocketName)); err != nil {
+		t.Fatal(err)
+	}
+	var mine []int
+	for _, pid := range processesNamed("libvirtd") {
+		if !slices.Contains(others, pid) {
+			mine = append(mine, pid)
+		}
+	}
+	if len(mine) != 1 {
+		t.Fatalf("want one new libvirtd process, found %v (others %v)", mine, others)
+	}
+	memlock := uint64(parseMi(t, layout.VMMemory)) + attach.VFIOMemlockOverhead
+	if err := unix.Prlimit(mine[0], unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlock, Max: memlock}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return libvirtd
 }
 
 // destroyDomain destroys the domain as virt-launcher does on a VMI's

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/drameta"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/guestvmi"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/pcieports"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/product"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/vmirender"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/xmltree"
 )
 
@@ -49,7 +51,7 @@ binding=$!
 trap 'kill $libvirtd $binding 2>/dev/null || true; wait $libvirtd $binding 2>/dev/null || true' EXIT
 for i in $(seq 150); do [ -S "$XDG_RUNTIME_DIR/libvirt/libvirt-sock" ] && break; sleep 0.2; done
 rc=0
-$as107 "$LAUNCHER" -vm "$REPO/manifests/examples/vm.yaml" -kubevirt "$REPO/manifests/kubevirt/binding-patch.yaml" \
+$as107 "$LAUNCHER" -vmi "$T/vmi.json" \
   -libvirt-socket "$XDG_RUNTIME_DIR/libvirt/libvirt-sock" -hook-timeout 1m -out "$T/kubevirt/domain.xml" "$@" || rc=$?
 exit $rc
 `
@@ -136,6 +138,19 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	if _, err := claim.Write(filepath.Join(tmp, "meta")); err != nil {
 		t.Fatal(err)
 	}
+	// The VMI, rendered as the real-kernel tier renders it on its host.
+	vmi, err := vmirender.Render(vmirender.Options{
+		VMFile:       filepath.Join(root, "manifests", "examples", "vm.yaml"),
+		KubeVirtFile: filepath.Join(root, "manifests", "kubevirt", "binding-patch.yaml"),
+		UID:          "0b5e6a3c-0000-4000-8000-000000000001", KernelImage: "quay.io/vfnet-io/test-kernel:guest",
+		KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img", KernelArgs: "console=ttyS0", Memory: "256Mi",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guestvmi.Write(filepath.Join(tmp, "vmi.json"), vmi); err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []string{"private", "hooks/hook-sidecar-0", "kubevirt", "kb/boot", "xdg", "home"} {
 		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -189,15 +204,28 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 			runKernelLauncher(t, tmp, env, bdf, filepath.Join("/var/run/kubevirt", "domain-"+v.name+".xml"), filepath.Join(tmp, "kubevirt", "domain-"+v.name+".xml"), v.extra...)
 		})
 	}
+	// The migration target's preparation: the hooks run on the converted
+	// domain and nothing is defined.
+	t.Run("migration-target", func(t *testing.T) {
+		output := execKernelLauncher(t, tmp, env, "-migration-target")
+		for _, want := range []string{"step hook-collect ", "step target-hooks "} {
+			if !strings.Contains(output, want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+		if strings.Contains(output, "step define-") || strings.Contains(output, "step libvirt-connect ") {
+			t.Errorf("-migration-target defined a domain or dialled libvirt")
+		}
+	})
 }
 
-// runKernelLauncher runs the script with the launcher's extra flags, writing
-// the domain to out (the launcher's view) = hostOut (the test's), and checks
-// the defined domain.
-func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut string, extra ...string) {
+// execKernelLauncher runs the script with the launcher's flags and returns
+// its output; the launcher must end with OK.
+func execKernelLauncher(t *testing.T, tmp string, env []string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", append([]string{"-m", "bash", "-c", kernelLauncherScript, "kernellauncher", "-define-only", "-cleanup", "-out", out}, extra...)...)
+	cmd := exec.CommandContext(ctx, "unshare", append([]string{"-m", "bash", "-c", kernelLauncherScript, "kernellauncher"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// On timeout, end the process group this test started (unshare, the
 	// script and the daemons it started).
@@ -212,10 +240,17 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 		bindingLog, _ := os.ReadFile(filepath.Join(tmp, "binding.log"))
 		t.Fatalf("kernellauncher: %v\nstderr:\n%s\nlibvirtd.log:\n%s\nbinding.log:\n%s", runErr, stderr.String(), libvirtLog, bindingLog)
 	}
+	return stdout.String()
+}
 
+// runKernelLauncher runs the launcher with its extra flags, writing
+// the domain to out (the launcher's view) = hostOut (the test's), and checks
+// the defined domain.
+func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut string, extra ...string) {
+	output := execKernelLauncher(t, tmp, env, append([]string{"-define-only", "-cleanup", "-out", out}, extra...)...)
 	steps := map[string]bool{}
 	stepRE := regexp.MustCompile(`(?m)^VFNET-LAUNCHER step (\S+) (\S+)`)
-	for _, m := range stepRE.FindAllStringSubmatch(stdout.String(), -1) {
+	for _, m := range stepRE.FindAllStringSubmatch(output, -1) {
 		if _, err := time.ParseDuration(m[2]); err != nil {
 			t.Errorf("step %s: duration %q: %v", m[1], m[2], err)
 		}
@@ -234,11 +269,11 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 		t.Errorf("more than three defines, or a start with -define-only")
 	}
 	for _, want := range []string{"change: containerDisk disk+volume containerdisk replaced by spec.domain.firmware.kernelBoot", "change: spec.domain.memory.guest 1Gi -> 256Mi"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(output, want) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	if n := strings.Count(stdout.String(), "change: "); n != 2 {
+	if n := strings.Count(output, "change: "); n != 2 {
 		t.Errorf("%d change lines, want 2 (kernel boot, memory)", n)
 	}
 
@@ -290,7 +325,7 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 	if _, err := os.Stat("/dev/kvm"); err != nil && dom.Attr("type") != "qemu" {
 		t.Errorf("domain type %q, want qemu (useEmulation without /dev/kvm)", dom.Attr("type"))
 	}
-	if len(extra) > 0 && !strings.Contains(stdout.String(), "VFNET-LAUNCHER v110 ") {
+	if len(extra) > 0 && !strings.Contains(output, "VFNET-LAUNCHER v110 ") {
 		t.Errorf("-v110 printed no v110 line")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -77,5 +78,24 @@ func TestHotplugCounts(t *testing.T) {
 	spec.Memory.Value = 4 << 30
 	if n, err := extraControllerCount(vmi, spec, 3); err != nil || n != 13 {
 		t.Errorf("extra controllers, 4 GiB VM: %d %v, want 13", n, err)
+	}
+}
+
+// TestNoVirtAPI keeps virt-api out of the launcher: its package
+// initializers cost the guest minutes under nested TCG (see the package
+// comment). The VMI is rendered on the host by cmd/vmirender instead.
+func TestNoVirtAPI(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("find the go command: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "kubevirt.io/kubevirt/pkg/virt-api") || strings.HasSuffix(pkg, "/internal/launcherpod") || strings.HasSuffix(pkg, "/internal/manifestcheck") {
+			t.Errorf("the launcher links %s: render the VMI on the host (cmd/vmirender) instead", pkg)
+		}
 	}
 }

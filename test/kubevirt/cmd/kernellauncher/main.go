@@ -5,6 +5,12 @@
 // manager (pkg/hooks) calling the sidecar on every define, the q35 hotplug
 // port allocation, then virDomainCreateWithFlags.
 //
+// The VMI comes rendered from the host (-vmi, written by cmd/vmirender):
+// rendering it runs virt-api's mutators, and linking virt-api would cost
+// this launcher its OpenAPI definitions' initialization, 4 s natively and
+// one to three minutes under the guest's nested TCG. TestNoVirtAPI keeps it
+// out.
+//
 // It is built static (CGO_ENABLED=0), so KubeVirt's packages that link
 // libvirt.org/go/libvirt (the virtwrap manager, virtwrap/network,
 // virtwrap/util) cannot be imported: the steps of theirs that matter are
@@ -19,14 +25,16 @@
 // libvirt-connect, hook-collect, lookup, define-1..define-N (each define
 // through the hooks, inside allocate-hotplug-ports, details hooks=<time of
 // the OnDefineDomain round trip> <why>), allocate-hotplug-ports,
-// write-defined, then unless -define-only start and write-live; a failing
+// write-defined, then unless -define-only start and write-live (with
+// -migration-target: vmi, kernel-boot-links, private-dir, convert,
+// hook-collect, target-hooks); a failing
 // step prints `step <name> <duration> failed`. The write-* lines summarize
 // the XML's pcie-root-ports (root-ports=, free-root-ports=, ports=[index=
 // device or free], hostdevs=[alias@bus]). Info lines: `hotplug
 // placeholders=.. extra-root-ports=.. pci-devices-counted=.. memory=..`,
 // with -v110 `v110 root-ports=.. with-busNr=.. hotplug-off=[..] ...`, with
-// -cleanup `cleanup: ...` on a failed cleanup. Every change made to the VMI
-// beyond what virt-controller and virt-api produce, before the steps' lines:
+// -cleanup `cleanup: ...` on a failed cleanup. Every change cmd/vmirender
+// made to the example VM, just before the vmi step's line:
 //
 //	VFNET-LAUNCHER change: <what> (<why>)
 //
@@ -36,7 +44,7 @@
 // What the guest must provide (as a launcher pod does): writable
 // /var/run/kubevirt (container-disks/kernel-boot links) and
 // /var/run/kubevirt-private; the kernel (and initrd) at
-// /var/run/kubevirt-kernel-boot/<-kernel-path>; the sidecar's socket in a
+// /var/run/kubevirt-kernel-boot/<the VMI's kernelPath>; the sidecar's socket in a
 // directory below /var/run/kubevirt-hooks; a passwd entry for the uid
 // (libvirtd refuses a session for a uid without one).
 package main
@@ -54,7 +62,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
-	"k8s.io/apimachinery/pkg/api/resource"
 	v1 "kubevirt.io/api/core/v1"
 
 	containerdisk "kubevirt.io/kubevirt/pkg/container-disk"
@@ -68,8 +75,7 @@ import (
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/virtio"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/golden"
-	"github.com/vfnet-io/vfnet/test/kubevirt/internal/launcherpod"
-	"github.com/vfnet-io/vfnet/test/kubevirt/internal/manifestcheck"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/guestvmi"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/pcieports"
 )
 
@@ -88,37 +94,25 @@ const (
 )
 
 type config struct {
-	vmFile, kubevirtFile      string
-	uid                       string
-	kernelImage               string
-	kernelPath, initrdPath    string
-	kernelArgs                string
-	memory                    string
-	cpuModel                  string
+	vmiFile                   string
 	libvirtSocket             string
 	hookSidecars              uint
 	hookTimeout               time.Duration
 	out                       string
 	defineOnly, v110, cleanup bool
+	migrationTarget           bool
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.vmFile, "vm", "manifests/examples/vm.yaml", "the example VirtualMachine")
-	flag.StringVar(&c.kubevirtFile, "kubevirt", "manifests/kubevirt/binding-patch.yaml", "the KubeVirt CR patch registering the vfnet binding")
-	flag.StringVar(&c.uid, "uid", "0b5e6a3c-0000-4000-8000-000000000001", "UID of the VMI")
-	flag.StringVar(&c.kernelImage, "kernel-image", "quay.io/vfnet-io/test-kernel:guest", "spec.domain.firmware.kernelBoot.container.image (never pulled: only names the container)")
-	flag.StringVar(&c.kernelPath, "kernel-path", "/boot/vmlinuz", "kernelBoot.container.kernelPath: the kernel's path inside the kernel-boot volume view "+kutil.VirtKernelBootVolumeDir)
-	flag.StringVar(&c.initrdPath, "initrd-path", "/boot/initrd.img", "kernelBoot.container.initrdPath (empty: none)")
-	flag.StringVar(&c.kernelArgs, "kernel-args", "console=ttyS0", "kernelBoot.kernelArgs")
-	flag.StringVar(&c.memory, "memory", "256Mi", "spec.domain.memory.guest (the example asks 1Gi)")
-	flag.StringVar(&c.cpuModel, "cpu-model", "", "spec.domain.cpu.model (empty: leave KubeVirt's default, host-model)")
+	flag.StringVar(&c.vmiFile, "vmi", "vmi.json", "the VMI rendered on the host by cmd/vmirender (the example VM after virt-controller, virt-api and the guest's changes)")
 	flag.StringVar(&c.libvirtSocket, "libvirt-socket", filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "libvirt", "libvirt-sock"), "unix socket of the session libvirtd")
 	flag.UintVar(&c.hookSidecars, "hook-sidecars", 1, "hook sidecars the hook manager waits for, each with its socket in a directory below "+hooksDir)
 	flag.DurationVar(&c.hookTimeout, "hook-timeout", 2*time.Minute, "how long the hook manager waits for them")
 	flag.StringVar(&c.out, "out", "domain.xml", "live domain XML after start; the inactive XML before start goes to <out>.defined")
 	flag.BoolVar(&c.defineOnly, "define-only", false, "stop after the last define (write <out>.defined only): a domain with a VFIO hostdev cannot start without VFIO")
 	flag.BoolVar(&c.v110, "v110", false, "also apply what KubeVirt's main branch (after v1.9.0, PR 17605) adds to allocateHotplugPorts: hotplug='off' on occupied pcie-root-ports")
+	flag.BoolVar(&c.migrationTarget, "migration-target", false, "prepare a migration target instead of defining (v1.9.0 prepareMigrationTarget): kernel-boot links, private dir, convert, then the hooks' OnDefineDomain, whose result the target discards; libvirt's incoming migration defines the domain from the source's XML")
 	flag.BoolVar(&c.cleanup, "cleanup", false, "destroy and undefine the domain before exiting (default: leave it defined and, unless -define-only, running, as virt-launcher would)")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -160,7 +154,7 @@ type launcher struct {
 
 func run(c config) error {
 	l := &launcher{c: c}
-	if err := step("vmi", l.makeVMI); err != nil {
+	if err := step("vmi", l.readVMI); err != nil {
 		return err
 	}
 	if err := step("kernel-boot-links", l.linkKernelBootArtifacts); err != nil {
@@ -171,6 +165,9 @@ func run(c config) error {
 	}
 	if err := step("convert", l.convert); err != nil {
 		return err
+	}
+	if c.migrationTarget {
+		return l.prepareMigrationTarget()
 	}
 	if err := step("libvirt-connect", l.connect); err != nil {
 		return err
@@ -208,105 +205,28 @@ func run(c config) error {
 	return step("write-live", func() (string, error) { return l.writeXML(dom, 0, c.out) })
 }
 
-// makeVMI: the VMI virt-controller creates from the VM (VMIFromVM) after
-// virt-api's create mutations (MutateAsVirtAPI: defaults, non-root user 107)
-// under the CR patch, with the guest's unavoidable changes applied to the
-// VM template first, so virt-api derives its defaults from them as it would
-// for a user who wrote them.
-func (l *launcher) makeVMI() (string, error) {
-	objs, err := manifestcheck.DecodeFiles(l.c.kubevirtFile, l.c.vmFile)
+// readVMI reads the VMI rendered on the host (cmd/vmirender: the VMI
+// virt-controller and virt-api would produce from the example VM, after the
+// guest's changes) and prints each change.
+func (l *launcher) readVMI() (string, error) {
+	f, err := guestvmi.Read(l.c.vmiFile)
 	if err != nil {
-		return "", fmt.Errorf("read -kubevirt %s and -vm %s: %w", l.c.kubevirtFile, l.c.vmFile, err)
+		return "", fmt.Errorf("-vmi: %w", err)
 	}
-	if len(objs.KubeVirts) != 1 || len(objs.VMs) != 1 {
-		return "", fmt.Errorf("want one KubeVirt in -kubevirt and one VirtualMachine in -vm, found %d and %d", len(objs.KubeVirts), len(objs.VMs))
+	for _, c := range f.Changes {
+		fmt.Printf("%schange: %s\n", Prefix, c)
 	}
-	cfg, _ := manifestcheck.ClusterConfig(objs.KubeVirts[0].Obj, manifestcheck.RequiredGates...)
-	vmi := launcherpod.VMIFromVM(objs.VMs[0].Obj, l.c.uid)
-	if err := l.guestChanges(vmi); err != nil {
-		return "", err
-	}
-	if err := launcherpod.MutateAsVirtAPI(vmi, cfg); err != nil {
-		return "", err
-	}
+	vmi := f.VMI
 	l.vmi = vmi
-	model := ""
+	model, memory := "", "unset"
 	if vmi.Spec.Domain.CPU != nil {
 		model = vmi.Spec.Domain.CPU.Model
 	}
+	if vmi.Spec.Domain.Memory != nil && vmi.Spec.Domain.Memory.Guest != nil {
+		memory = vmi.Spec.Domain.Memory.Guest.String()
+	}
 	return fmt.Sprintf("vmi=%s/%s interfaces=%d cpu-model=%q guest-memory=%s", vmi.Namespace, vmi.Name,
-		len(vmi.Spec.Domain.Devices.Interfaces), model, vmi.Spec.Domain.Memory.Guest.String()), nil
-}
-
-// guestChanges are the only differences from the example VM, each printed.
-func (l *launcher) guestChanges(vmi *v1.VirtualMachineInstance) error {
-	spec := &vmi.Spec
-	var removed []string
-	var volumes []v1.Volume
-	for _, v := range spec.Volumes {
-		if v.ContainerDisk != nil {
-			removed = append(removed, v.Name)
-			continue
-		}
-		volumes = append(volumes, v)
-	}
-	if len(removed) == 0 {
-		return fmt.Errorf("the VM in %s has no containerDisk volume to replace by kernel boot: the launcher expects manifests/examples/vm.yaml", l.c.vmFile)
-	}
-	var disks []v1.Disk
-	for _, d := range spec.Domain.Devices.Disks {
-		if !contains(removed, d.Name) {
-			disks = append(disks, d)
-		}
-	}
-	spec.Volumes, spec.Domain.Devices.Disks = volumes, disks
-	if spec.Domain.Firmware == nil {
-		spec.Domain.Firmware = &v1.Firmware{}
-	}
-	spec.Domain.Firmware.KernelBoot = &v1.KernelBoot{
-		KernelArgs: l.c.kernelArgs,
-		Container: &v1.KernelBootContainer{
-			Image:      l.c.kernelImage,
-			KernelPath: l.c.kernelPath,
-			InitrdPath: l.c.initrdPath,
-		},
-	}
-	change(fmt.Sprintf("containerDisk disk+volume %s replaced by spec.domain.firmware.kernelBoot container kernelPath=%s initrdPath=%s kernelArgs=%q",
-		strings.Join(removed, ","), l.c.kernelPath, l.c.initrdPath, l.c.kernelArgs),
-		"the test guest has no container runtime or images; kernel boot is KubeVirt's own feature and boots from files")
-
-	mem, err := resource.ParseQuantity(l.c.memory)
-	if err != nil {
-		return fmt.Errorf("-memory %q: %w (give a Kubernetes quantity such as 256Mi)", l.c.memory, err)
-	}
-	if spec.Domain.Memory == nil {
-		spec.Domain.Memory = &v1.Memory{}
-	}
-	old := "unset"
-	if spec.Domain.Memory.Guest != nil {
-		old = spec.Domain.Memory.Guest.String()
-	}
-	if old != mem.String() {
-		spec.Domain.Memory.Guest = &mem
-		change(fmt.Sprintf("spec.domain.memory.guest %s -> %s", old, mem.String()), "the test guest has about 2 GiB of RAM")
-	}
-	if l.c.cpuModel != "" {
-		if spec.Domain.CPU == nil {
-			spec.Domain.CPU = &v1.CPU{}
-		}
-		spec.Domain.CPU.Model = l.c.cpuModel
-		change("spec.domain.cpu.model "+l.c.cpuModel, "asked by -cpu-model: the default host-model is what KubeVirt uses, set this only where libvirt refuses it under TCG")
-	}
-	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+		len(vmi.Spec.Domain.Devices.Interfaces), model, memory), nil
 }
 
 // linkKernelBootArtifacts reproduces the kernel-boot part of v1.9.0's
@@ -378,6 +298,24 @@ func (l *launcher) convert() (string, error) {
 	// work for a binding-plugin interface without a domain attachment.
 	return fmt.Sprintf("type=%s machine=%s interfaces=%d kernel=%s", dom.Spec.Type, dom.Spec.OS.Type.Machine,
 		len(dom.Spec.Devices.Interfaces), dom.Spec.OS.Kernel), nil
+}
+
+// prepareMigrationTarget reproduces the rest of v1.9.0's
+// prepareMigrationTarget (live-migration-target.go) after the conversion:
+// the hook sidecars' OnDefineDomain runs "so that additional setup, which
+// might be done by the hook can also be done for the new target pod", and
+// its domain is discarded. preStartHook changes nothing here (see convert);
+// no cloud-init ISO, plugin hooks or migration proxy directory are needed.
+func (l *launcher) prepareMigrationTarget() error {
+	if err := step("hook-collect", l.collect); err != nil {
+		return err
+	}
+	return step("target-hooks", func() (string, error) {
+		if _, err := l.hooks.OnDefineDomain(l.spec, l.vmi); err != nil {
+			return "", fmt.Errorf("hook manager OnDefineDomain on the migration target: %w", err)
+		}
+		return "result discarded, as on KubeVirt's target", nil
+	})
 }
 
 // connect opens qemu:///session over the given unix socket.
