@@ -18,6 +18,7 @@ import (
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/info"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
 	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
 // buildBinary builds cmd/vfnet-binding the way an image build does.
@@ -26,12 +27,15 @@ func buildBinary(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("builds the binary; skipped with -short")
 	}
-	bin := filepath.Join(t.TempDir(), "vfnet-binding")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/vfnet-binding")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	repo, err := gobuild.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	dir := gobuild.Dir(repo, "sidecar")
+	if err := gobuild.Into(t.Context(), repo, dir, nil, nil, "./cmd/vfnet-binding"); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "vfnet-binding")
 }
 
 type proc struct {

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
 // Binaries the plane runs; all must be in one directory.
@@ -70,37 +72,5 @@ func buildScript() (string, error) {
 	return script, nil
 }
 
-// Module is the path of the module RepoRoot finds.
-const Module = "github.com/vfnet-io/vfnet"
-
-// RepoRoot is the module root: the nearest directory above the working
-// directory (a test's package directory, or the repository for `go run`)
-// whose go.mod declares Module. Not the source file's path: tests build
-// with -trimpath, so that a fresh clone reuses Go's build cache.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("locate repository root: %w", err)
-	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && modulePath(data) == Module {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("locate repository root: no go.mod of %s above the working directory; run from inside the repository", Module)
-		}
-		dir = parent
-	}
-}
-
-// modulePath is the path a go.mod's module directive declares.
-func modulePath(gomod []byte) string {
-	for _, l := range strings.Split(string(gomod), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "module" {
-			return strings.Trim(f[1], `"`)
-		}
-	}
-	return ""
-}
+// RepoRoot is the module root (gobuild.RepoRoot).
+func RepoRoot() (string, error) { return gobuild.RepoRoot() }

@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
 )
 
@@ -94,17 +95,14 @@ func (e *Env) say(format string, args ...any) {
 
 // BinDir builds vfnet-driver-sim (the driver with --simulate, which the
 // shipped vfnet-driver lacks) and vfnet-binding once per Env and returns
-// their directory.
+// their directory, shared by every Env of the repository (test/gobuild: a
+// later build finds them up to date and skips the link).
 func (e *Env) BinDir(ctx context.Context) (string, error) {
-	dir := filepath.Join(e.Dir, "bin")
+	dir := gobuild.Dir(e.Repo, "flow")
 	e.binOnce.Do(func() {
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding")
-		cmd.Dir = e.Repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			e.binErr = fmt.Errorf("build vfnet-driver-sim and vfnet-binding: %w\n%s", err, out)
+		if err := gobuild.Into(ctx, e.Repo, dir, []string{"CGO_ENABLED=0"}, nil, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding"); err != nil {
+			e.binErr = fmt.Errorf("build vfnet-driver-sim and vfnet-binding: %w", err)
 			return
 		}
 		klog.FromContext(ctx).V(1).Info("Built vfnet binaries", "dir", dir, "duration", time.Since(start))

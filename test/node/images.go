@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
 // Image names on the node. The binding image is what `make images` writes
@@ -79,10 +80,12 @@ func simDriverImage(ref, arch string, bin []byte) ociimage.Image {
 }
 
 // BuildImages builds every image the node runs into dir/images and test/kubevirt's
-// generators into dir/bin, and prepares the KubeVirt CR and the VMI.
+// generators into the repository's test binaries (test/gobuild: a warm run
+// finds them up to date and skips the links), and prepares the KubeVirt CR
+// and the VMI.
 func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	a := &Artifacts{Images: map[string]string{}}
-	bin := filepath.Join(dir, "bin")
+	bin := gobuild.Dir(repo, "node")
 	imgDir := filepath.Join(dir, "images")
 	for _, d := range []string{bin, imgDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

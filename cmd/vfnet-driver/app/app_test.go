@@ -19,6 +19,8 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
 const mixedConfig = `apiVersion: vfnet.io/v1alpha1
@@ -159,11 +161,15 @@ func TestInspectErrors(t *testing.T) {
 // buildCmd builds cmd/<name> of this module into a temporary directory.
 func buildCmd(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vfnet-io/vfnet/cmd/"+name).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	dir := gobuild.Dir(repo, "app")
+	if err := gobuild.Into(t.Context(), repo, dir, nil, nil, "./cmd/"+name); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, name)
 }
 
 // TestBuiltCommand runs the real binaries: inspect output and exit codes,

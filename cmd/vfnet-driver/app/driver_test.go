@@ -23,6 +23,7 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
 func freePort(t *testing.T) string {
@@ -128,15 +129,18 @@ func TestDriverOnAPIServer(t *testing.T) {
 	} else {
 		hostArgs = append(hostArgs, "--host-netns", ns)
 	}
-	bin := filepath.Join(t.TempDir(), name)
 	// Built as the Dockerfile builds it (static, CGO_ENABLED=0: a cgo build
 	// also maps ld.so and libc), so the RSS below is the shipped binary's (or
 	// the simulator-carrying build's, as the log says).
-	build := exec.Command("go", append(append([]string{"build"}, ociimage.GoBuildArgs()...), "-o", bin, "github.com/vfnet-io/vfnet/cmd/"+name)...)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	repo, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
+	binDir := gobuild.Dir(repo, "app-image")
+	if err := gobuild.Into(t.Context(), repo, binDir, []string{"CGO_ENABLED=0"}, ociimage.GoBuildArgs(), "./cmd/"+name); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(binDir, name)
 	cfg := filepath.Join(t.TempDir(), "node.yaml")
 	writeCfg := func(second string) {
 		body := "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pciAddress: \"0000:3b:00.0\"\n  network: physnet-a\n" +

@@ -1,0 +1,86 @@
+// Package gobuild builds the module's commands for tests into a directory
+// under the repository's .cache that outlives the test. go build leaves an
+// up-to-date binary alone, so every build after the first with the same
+// inputs skips the link: each link of vfnet-driver-sim costs several
+// CPU-seconds, and the tests build it a dozen times per make test.
+package gobuild
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is the directory for binaries built under name (one name per set of
+// build flags and environment: binaries built differently must not replace
+// each other, or every build would link again).
+func Dir(repo, name string) string {
+	return filepath.Join(repo, ".cache", "testbin", name)
+}
+
+// Into runs `go build <args> -o <dir>/ <pkgs>` in repo with env added to
+// this process's environment. It holds an exclusive lock on dir meanwhile,
+// so test processes that build the same binaries at once take turns and
+// each later one finds them up to date. go build renames the new binary
+// into place, so a process still running the old one is not disturbed.
+func Into(ctx context.Context, repo, dir string, env, args []string, pkgs ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create the test binaries' directory: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("open the lock of %s: %w", dir, err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", dir, err)
+	}
+	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
+	cmd := exec.CommandContext(ctx, "go", append(append(append([]string{"build"}, args...), "-o", dir+"/"), pkgs...)...)
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %v into %s: %w\n%s", pkgs, dir, err, out)
+	}
+	return nil
+}
+
+// Module is the path of the module RepoRoot finds.
+const Module = "github.com/vfnet-io/vfnet"
+
+// RepoRoot is the module root: the nearest directory above the working
+// directory (a test's package directory, or the repository for `go run`)
+// whose go.mod declares Module. Not the source file's path: tests build
+// with -trimpath, so that a fresh clone reuses Go's build cache.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("locate repository root: %w", err)
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && modulePath(data) == Module {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("locate repository root: no go.mod of %s above the working directory; run from inside the repository", Module)
+		}
+		dir = parent
+	}
+}
+
+// modulePath is the path a go.mod's module directive declares.
+func modulePath(gomod []byte) string {
+	for _, l := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`)
+		}
+	}
+	return ""
+}
