@@ -687,22 +687,9 @@ func TestVMOnVF(t *testing.T) {
 	}
 	targetFree := freeRootPorts(td, traw)
 	step = time.Now()
-	r, err := a.Attach(ctx, req(targetPodUID))
-	if err != nil {
-		t.Fatalf("vfnet's attach on the migration target: %v", err)
-	}
-	targetAttach := time.Since(step)
-	if len(r.Attached) != 1 || r.Attached[0] != alias {
-		t.Fatalf("attach result on the target %+v; want %s attached", r, alias)
-	}
-	targetPort := checkVFInQEMU(t, ctx, tlv, alias)
-	targetListed := time.Since(step)
-	if !slices.Contains(targetFree, targetPort) {
-		t.Errorf("on the target, the VF sits behind root port %d, which was not free (%v)", targetPort, targetFree)
-	}
-	qemuHoldsGroup(t, tgt.runtimeDir(), groups)
+	targetAttach, targetPort := attachVF(t, ctx, a, req(targetPodUID), tlv, tgt, groups, targetFree, "the migration target")
 	t.Logf("migration target: define and start %s; free root ports %v; vfnet's attach %s, QMP lists the VF behind root port %d %s after the attach began",
-		targetStart.Round(time.Millisecond), targetFree, targetAttach.Round(time.Millisecond), targetPort, targetListed.Round(time.Millisecond))
+		targetStart.Round(time.Millisecond), targetFree, targetAttach.Round(time.Millisecond), targetPort, time.Since(step).Round(time.Millisecond))
 	// The target goes, which releases the VF for the other outcome.
 	destroyDomain(t, ctx, tlv)
 	tgt.stopAll(t)
@@ -719,20 +706,7 @@ func TestVMOnVF(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("the migration target's whole phase (second pod, its domain, the attach, its teardown): %s", time.Since(paused).Round(time.Millisecond))
-	step = time.Now()
-	r, err = a.Attach(ctx, req(launcherPodUID))
-	if err != nil {
-		t.Fatalf("vfnet's attach: %v", err)
-	}
-	reattach := time.Since(step)
-	if len(r.Attached) != 1 || r.Attached[0] != alias {
-		t.Fatalf("attach result %+v; want %s attached", r, alias)
-	}
-	newPort := checkVFInQEMU(t, ctx, lv, alias)
-	if !slices.Contains(free, newPort) {
-		t.Errorf("the re-attached VF sits behind root port %d, which was not free (%v)", newPort, free)
-	}
-	qemuHoldsGroup(t, pod.runtimeDir(), groups)
+	reattach, newPort := attachVF(t, ctx, a, req(launcherPodUID), lv, pod, groups, free, "the source")
 	took = pod.waitInner(t, ctx, 2*time.Minute, vfIn, "its VF back with MAC "+vmMAC)
 	t.Logf("re-attach on the source through vfnet's RPC path took %s (root port %d, was %d); the VM's igbvf saw it again %s later", reattach.Round(time.Millisecond), newPort, port, took.Round(time.Second))
 
@@ -834,6 +808,30 @@ func (p *launcherPod) startLibvirtd(t *testing.T, ctx context.Context) *podProc 
 		t.Fatal(err)
 	}
 	return libvirtd
+}
+
+// attachVF runs vfnet's attach for req and checks that the domain's QEMU
+// (reached through lv, in pod) lists the VF behind one of the root ports
+// that were free, with the VFIO group open. It returns how long the attach
+// took and the root port.
+func attachVF(t *testing.T, ctx context.Context, a attach.Attacher, req attach.Request, lv *libvirt.Libvirt, pod *launcherPod, groups []string, free []uint, where string) (time.Duration, uint) {
+	t.Helper()
+	alias := attach.Alias(req.Hostdevs[0].Interface)
+	start := time.Now()
+	r, err := a.Attach(ctx, req)
+	if err != nil {
+		t.Fatalf("vfnet's attach on %s: %v", where, err)
+	}
+	took := time.Since(start)
+	if len(r.Attached) != 1 || r.Attached[0] != alias {
+		t.Fatalf("attach result on %s %+v; want %s attached", where, r, alias)
+	}
+	port := checkVFInQEMU(t, ctx, lv, alias)
+	if !slices.Contains(free, port) {
+		t.Errorf("on %s, the VF sits behind root port %d, which was not free (%v)", where, port, free)
+	}
+	qemuHoldsGroup(t, pod.runtimeDir(), groups)
+	return took, port
 }
 
 // destroyDomain destroys the domain as virt-launcher does on a VMI's

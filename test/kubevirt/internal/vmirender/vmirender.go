@@ -9,6 +9,7 @@ package vmirender
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -75,7 +76,7 @@ func guestChanges(o Options, vmi *v1.VirtualMachineInstance) ([]string, error) {
 	}
 	var disks []v1.Disk
 	for _, d := range spec.Domain.Devices.Disks {
-		if !contains(removed, d.Name) {
+		if !slices.Contains(removed, d.Name) {
 			disks = append(disks, d)
 		}
 	}
@@ -118,13 +119,4 @@ func guestChanges(o Options, vmi *v1.VirtualMachineInstance) ([]string, error) {
 		change("spec.domain.cpu.model "+o.CPUModel, "asked by -cpu-model: the default host-model is what KubeVirt uses, set this only where libvirt refuses it under TCG")
 	}
 	return changes, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
