@@ -138,8 +138,6 @@ func step(name string, fn func() (string, error)) error {
 	return nil
 }
 
-func change(what, why string) { fmt.Printf("%schange: %s (%s)\n", Prefix, what, why) }
-
 type launcher struct {
 	c     config
 	vmi   *v1.VirtualMachineInstance
