@@ -14,6 +14,12 @@ GOTEST_FLAGS ?= -race -trimpath -count=1 -timeout 40m
 # Each tier ends with one line of its wall and CPU time (its children's too),
 # so a slow CI run shows which tier took the machine.
 TIMED = TIMEFORMAT='== $@: %0R s wall, %0U s user + %0S s sys CPU'; time
+# The shipped binaries' configuration (pkg/shipbuild checks it), for the
+# tests that run without -race: they reuse the packages compiled for the
+# binaries the tests build and run, so a cold Go cache compiles the module's
+# dependency tree twice (this and -race), not once per set of flags.
+SHIPPED_ENV := CGO_ENABLED=0
+SHIPPED_GOFLAGS := -trimpath -tags grpcnotrace
 # CPU priority of the Go-only tiers under `make test` (see test:); empty alone.
 NICE_UNIT ?=
 NICE_BUILD ?=
@@ -44,7 +50,7 @@ lint:
 # and costs ~20x: it skips itself under -race and runs here without it.
 unit:
 	$(TIMED) ( export VFNET_K8S_BIN=$$(test/tools/build.sh) && $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./... \
-	  && $(NICE_UNIT) $(GO) test $(filter-out -race,$(GOTEST_FLAGS)) -run '^TestCrashAtEveryStep$$' ./driver/preparetest )
+	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./driver/preparetest )
 
 # The real-kernel tier (test/kernel): a Debian kernel under QEMU with emulated
 # igb SR-IOV NICs behind an emulated IOMMU. VFNET_KERNEL_CASES=a,b runs a subset.
@@ -57,7 +63,7 @@ virt-deps:
 
 # The netns case runs the real driver against a control plane on the host.
 test-kernel: kernel-deps virt-deps k8s-bin
-	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(GO) test -trimpath -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
+	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test $(SHIPPED_GOFLAGS) -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
 
 # Built as the real-node tier builds its KubeVirt stand-ins (static, -trimpath;
 # only the standard library's net and os/user have cgo code here), so the

@@ -18,6 +18,7 @@ import (
 	"runtime"
 
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 )
 
 func main() {
@@ -47,10 +48,10 @@ func run(out, driverRef, bindingRef, arch string) error {
 	}
 	for _, im := range images {
 		bin := filepath.Join(binDir, im.bin)
-		args := append([]string{"build"}, ociimage.GoBuildArgs()...)
+		args := append([]string{"build"}, shipbuild.Args()...)
 		args = append(args, "-o", bin, im.pkg)
 		cmd := exec.Command("go", args...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+		cmd.Env = append(append(os.Environ(), shipbuild.Env()...), "GOOS=linux", "GOARCH="+arch)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("go build %s: %w", im.pkg, err)

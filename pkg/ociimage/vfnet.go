@@ -2,13 +2,6 @@ package ociimage
 
 import "io/fs"
 
-// GoBuildArgs are the `go build` flags of the shipped binaries, as in the
-// Dockerfile's build stage (with CGO_ENABLED=0: static, no libc in the
-// images). TestDockerfileAgrees keeps the two in step.
-func GoBuildArgs() []string {
-	return []string{"-trimpath", "-tags", "grpcnotrace", "-ldflags=-s -w"}
-}
-
 // Binding runs as KubeVirt's non-root launcher user (qemu, 107:107).
 const (
 	BindingUID = 107

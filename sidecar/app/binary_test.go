@@ -31,8 +31,8 @@ func buildBinary(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := gobuild.Dir(repo, "sidecar")
-	if err := gobuild.Into(t.Context(), repo, dir, nil, nil, "./cmd/vfnet-binding"); err != nil {
+	dir, err := gobuild.Shipped(t.Context(), repo, "./cmd/vfnet-binding")
+	if err != nil {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, "vfnet-binding")

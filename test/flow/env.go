@@ -52,6 +52,7 @@ type Env struct {
 	Progress io.Writer
 
 	binOnce sync.Once
+	binDir  string
 	binErr  error
 	nodes   []*Node
 }
@@ -94,20 +95,21 @@ func (e *Env) say(format string, args ...any) {
 }
 
 // BinDir builds vfnet-driver-sim (the driver with --simulate, which the
-// shipped vfnet-driver lacks) and vfnet-binding once per Env and returns
-// their directory, shared by every Env of the repository (test/gobuild: a
-// later build finds them up to date and skips the link).
+// shipped vfnet-driver lacks) and vfnet-binding once per Env, as the
+// images' binaries are built, and returns their directory, shared by every
+// test of the repository (test/gobuild: a later build finds them up to
+// date and skips the link).
 func (e *Env) BinDir(ctx context.Context) (string, error) {
-	dir := gobuild.Dir(e.Repo, "flow")
 	e.binOnce.Do(func() {
 		start := time.Now()
-		if err := gobuild.Into(ctx, e.Repo, dir, []string{"CGO_ENABLED=0"}, nil, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding"); err != nil {
-			e.binErr = fmt.Errorf("build vfnet-driver-sim and vfnet-binding: %w", err)
+		e.binDir, e.binErr = gobuild.Shipped(ctx, e.Repo, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding")
+		if e.binErr != nil {
+			e.binErr = fmt.Errorf("build vfnet-driver-sim and vfnet-binding: %w", e.binErr)
 			return
 		}
-		klog.FromContext(ctx).V(1).Info("Built vfnet binaries", "dir", dir, "duration", time.Since(start))
+		klog.FromContext(ctx).V(1).Info("Built vfnet binaries", "dir", e.binDir, "duration", time.Since(start))
 	})
-	return dir, e.binErr
+	return e.binDir, e.binErr
 }
 
 // ApplyManifests installs vfnet the way a cluster admin does:

@@ -1,8 +1,10 @@
 // Package gobuild builds the module's commands for tests into a directory
-// under the repository's .cache that outlives the test. go build leaves an
-// up-to-date binary alone, so every build after the first with the same
-// inputs skips the link: each link of vfnet-driver-sim costs several
-// CPU-seconds, and the tests build it a dozen times per make test.
+// under the repository's .cache that outlives the test, as the shipped
+// binaries are built (pkg/shipbuild). go build leaves an up-to-date binary
+// alone, so every build after the first with the same inputs skips the
+// link: each link of vfnet-driver-sim costs several CPU-seconds, and the
+// tests build it a dozen times per make test. One configuration for all
+// of them means a cold Go cache compiles their dependencies once.
 package gobuild
 
 import (
@@ -14,13 +16,23 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 )
 
 // Dir is the directory for binaries built under name (one name per set of
 // build flags and environment: binaries built differently must not replace
-// each other, or every build would link again).
+// each other, or every build would link again). Shipped uses "shipped".
 func Dir(repo, name string) string {
 	return filepath.Join(repo, ".cache", "testbin", name)
+}
+
+// Shipped builds pkgs of the module in repo as the images' binaries are
+// built, into Dir(repo, "shipped"), and returns that directory. Every test
+// that runs vfnet's binaries shares them.
+func Shipped(ctx context.Context, repo string, pkgs ...string) (string, error) {
+	dir := Dir(repo, "shipped")
+	return dir, Into(ctx, repo, dir, shipbuild.Env(), shipbuild.Args(), pkgs...)
 }
 
 // Into runs `go build <args> -o <dir>/ <pkgs>` in repo with env added to

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
@@ -234,11 +235,11 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 		// share every compiled package, which on a cold Go cache is most of
 		// this tier's build.
 		{repo, []string{"test", "-c", "-trimpath", "-tags", "kernelguest,grpcnotrace", "-o", b.init, "./test/kernel/guest"}},
-		{repo, []string{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.driver, "./cmd/vfnet-driver"}},
+		{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.driver, "./cmd/vfnet-driver")},
 	}
 	if virt {
 		builds = append(builds,
-			goBuild{repo, []string{"build", "-trimpath", "-tags", "grpcnotrace", "-o", b.binding, "./cmd/vfnet-binding"}},
+			goBuild{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.binding, "./cmd/vfnet-binding")},
 			// As make kubevirt-tests builds test/kubevirt (static, -trimpath).
 			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.launcher, "./cmd/kernellauncher"}},
 			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.vmirender, "./cmd/vmirender"}})
@@ -246,7 +247,7 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 	for _, bd := range builds {
 		cmd := exec.Command(goBin, bd.args...)
 		cmd.Dir = bd.dir
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=", "GONOSUMDB=libvirt.org/go/libvirt")
+		cmd.Env = append(append(os.Environ(), shipbuild.Env()...), "GOOS=linux", "GOARCH=amd64", "GOFLAGS=", "GONOSUMDB=libvirt.org/go/libvirt")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s (in %s): %v\n%s", strings.Join(bd.args, " "), bd.dir, err, out)
 		}

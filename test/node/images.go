@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
@@ -98,7 +99,12 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	kvEnv := append(static, "GONOSUMDB=libvirt.org/go/libvirt")
 
 	// The product images as hack/mkimages makes them, the driver's with
-	// the simulator-carrying build.
+	// the simulator-carrying build; the binaries are the ones the other
+	// tests run.
+	shipped, err := gobuild.Shipped(ctx, repo, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding")
+	if err != nil {
+		return nil, err
+	}
 	for _, p := range []struct {
 		pkg, ref string
 		image    func(ref, arch string, bin []byte) ociimage.Image
@@ -106,11 +112,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 		{"./cmd/vfnet-driver-sim", SimDriverImage, simDriverImage},
 		{"./cmd/vfnet-binding", BindingImage, ociimage.Binding},
 	} {
-		out := filepath.Join(bin, filepath.Base(p.pkg))
-		if err := goBuild(ctx, repo, out, p.pkg, static, ociimage.GoBuildArgs()...); err != nil {
-			return nil, err
-		}
-		data, err := os.ReadFile(out)
+		data, err := os.ReadFile(filepath.Join(shipped, filepath.Base(p.pkg)))
 		if err != nil {
 			return nil, err
 		}
@@ -121,7 +123,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 
 	// The sandbox ("pause") image.
 	pause := filepath.Join(bin, "pause")
-	if err := goBuild(ctx, repo, pause, "./test/node/internal/pause", static, "-trimpath", "-ldflags=-s -w"); err != nil {
+	if err := goBuild(ctx, repo, pause, "./test/node/internal/pause", static, shipbuild.Args()...); err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(pause)

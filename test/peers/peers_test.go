@@ -33,7 +33,7 @@ import (
 	"github.com/vfnet-io/vfnet/internal/pfnetns"
 	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/ociimage"
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 )
@@ -87,7 +87,7 @@ func goBuild(t *testing.T, dir, out, pkg string, flags []string, env ...string) 
 	args := append(append([]string{"build"}, flags...), "-o", out)
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
+	cmd.Env = append(append(os.Environ(), shipbuild.Env()...), env...)
 	start := time.Now()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s in %s: %v\n%s", pkg, dir, err, b)
@@ -275,7 +275,7 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 		vfnetName, shipped = "vfnet-driver-sim", false
 	}
 	vfnetBin := filepath.Join(bins, vfnetName)
-	goBuild(t, root, vfnetBin, "github.com/vfnet-io/vfnet/cmd/"+vfnetName, ociimage.GoBuildArgs())
+	goBuild(t, root, vfnetBin, "github.com/vfnet-io/vfnet/cmd/"+vfnetName, shipbuild.Args())
 	peerBin := filepath.Join(bins, "dra-example-kubeletplugin")
 	// Its own module, outside this one: GOWORK=off, and go.mod may need
 	// updating without a vendor directory (-mod=mod). Nothing is written

@@ -158,15 +158,15 @@ func TestInspectErrors(t *testing.T) {
 	}
 }
 
-// buildCmd builds cmd/<name> of this module into a temporary directory.
+// buildCmd builds cmd/<name> of this module as shipped (test/gobuild).
 func buildCmd(t *testing.T, name string) string {
 	t.Helper()
 	repo, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := gobuild.Dir(repo, "app")
-	if err := gobuild.Into(t.Context(), repo, dir, nil, nil, "./cmd/"+name); err != nil {
+	dir, err := gobuild.Shipped(t.Context(), repo, "./cmd/"+name)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, name)

@@ -20,7 +20,6 @@ import (
 	"github.com/vfnet-io/vfnet/internal/pfnetns"
 	"github.com/vfnet-io/vfnet/internal/procmem"
 	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/ociimage"
 	"github.com/vfnet-io/vfnet/pkg/simhost"
 	"github.com/vfnet-io/vfnet/test/controlplane"
 	"github.com/vfnet-io/vfnet/test/gobuild"
@@ -136,8 +135,8 @@ func TestDriverOnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := gobuild.Dir(repo, "app-image")
-	if err := gobuild.Into(t.Context(), repo, binDir, []string{"CGO_ENABLED=0"}, ociimage.GoBuildArgs(), "./cmd/"+name); err != nil {
+	binDir, err := gobuild.Shipped(t.Context(), repo, "./cmd/"+name)
+	if err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(binDir, name)

@@ -53,7 +53,7 @@ func Run(ctx context.Context, cfg Config, workDir string) ([]Result, error) {
 		cfg.Log = io.Discard
 	}
 	vfnetBin := filepath.Join(workDir, "vfnet-binding")
-	if err := product.Build(ctx, product.BindingPackage, vfnetBin); err != nil {
+	if err := product.BuildAsEnv(ctx, product.BindingPackage, vfnetBin); err != nil {
 		return nil, err
 	}
 	passtBin := filepath.Join(workDir, "passt-binding")

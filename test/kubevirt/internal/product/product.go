@@ -64,13 +64,28 @@ func HasBinding() (bool, error) {
 	return err == nil, err
 }
 
-// Build runs `go build -C <repo root> -o out pkg`.
+// Build runs `go build -C <repo root> -o out pkg` as the product's images
+// are built (the product's pkg/shipbuild, which this module cannot
+// import; its test checks these): the product's packages compile once for
+// these tests and every other tier on a cold Go cache.
 func Build(ctx context.Context, pkg, out string) error {
+	return build(ctx, pkg, out, []string{"CGO_ENABLED=0"}, "-trimpath", "-tags", "grpcnotrace", "-ldflags=-s -w")
+}
+
+// BuildAsEnv builds with only what the environment sets (CGO_ENABLED,
+// GOFLAGS): bindingbench builds both sidecars alike that way.
+func BuildAsEnv(ctx context.Context, pkg, out string) error {
+	return build(ctx, pkg, out, nil)
+}
+
+func build(ctx context.Context, pkg, out string, env []string, flags ...string) error {
 	root, err := RepoRoot()
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-C", root, "-o", out, pkg)
+	args := append(append([]string{"build", "-C", root}, flags...), "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s in %s: %w\n%s", pkg, root, err, b)
 	}
