@@ -44,7 +44,7 @@ k8s-bin:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(TIMED) ( $(NICE_BUILD) $(GO) vet -race -trimpath ./... && ( cd test/kubevirt && CGO_ENABLED=0 $(NICE_BUILD) $(GO) vet -trimpath ./... ) \
-	  && cd test/helm && $(NICE_BUILD) $(GO) vet -trimpath ./... )
+	  && cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) vet $(SHIPPED_GOFLAGS) ./... )
 
 # The crash test's children are other processes, where -race sees nothing
 # and costs ~20x: it skips itself under -race and runs here without it.
@@ -77,10 +77,10 @@ kubevirt-tests: kernel-deps virt-deps
 # Helm v4 SDK and kustomize's API from the Go module proxy): renders the
 # same objects as `kubectl kustomize manifests/`, its metrics values the
 # same as manifests/components, the real-node tier's values the same as its
-# overlay; `helm lint --strict` passes. -trimpath as helm-bin builds the CLI
-# (test/helm/build.sh): the SDK compiles once for both.
+# overlay; `helm lint --strict` passes. Built as helm-bin builds the CLI
+# (test/helm/build.sh), the product's configuration: the SDK compiles once.
 helm-tests:
-	$(TIMED) ( cd test/helm && $(NICE_BUILD) $(GO) test -trimpath -count=1 -timeout 10m ./... )
+	$(TIMED) ( cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) test $(SHIPPED_GOFLAGS) -count=1 -timeout 10m ./... )
 
 # The Helm v4 CLI the real-node tier installs the chart with, built once
 # into $(CACHE)/helm-bin.

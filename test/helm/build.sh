@@ -7,7 +7,12 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
-key=$( (cat "$here/go.sum" "$here/go.mod"; go version) | sha256sum | cut -c1-16)
+# The product's configuration (pkg/shipbuild), as `make helm-tests` builds
+# the tests, with the same versions of the modules the product and the
+# control plane also compile (hack/alignmods): the Kubernetes libraries
+# compile once on a cold Go cache.
+flags=(-trimpath -tags grpcnotrace -ldflags=-s\ -w)
+key=$( (cat "$here/go.sum" "$here/go.mod"; go version; echo "${flags[*]}") | sha256sum | cut -c1-16)
 out="$cache/helm-bin/$key"
 # --dir: print where the binary belongs without building.
 if [ "${1:-}" = "--dir" ]; then echo "$out"; exit 0; fi
@@ -22,8 +27,7 @@ rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building the Helm CLI into $out" >&2
 start=$(date +%s)
 cd "$here"
-# -trimpath as `make helm-tests` builds the tests: one compile of the SDK.
-go build -trimpath -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
+CGO_ENABLED=0 go build "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
 rm -rf "$out"; mv "$out.tmp" "$out"
 echo ">> Helm CLI built in $(( $(date +%s) - start ))s" >&2
 echo "$out"

@@ -8,7 +8,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
-key=$( (cat "$here/go.sum" "$here/go.mod"; go version) | sha256sum | cut -c1-16)
+# Static (the shim is exec'd in the private mount namespace and must not
+# depend on the host's libc), no btrfs (cgo, unused by the tier), and
+# otherwise the product's configuration (pkg/shipbuild) with the same
+# versions of the modules both compile (hack/alignmods): grpc, protobuf,
+# otel and the rest compile once on a cold Go cache.
+flags=(-trimpath -tags no_btrfs,grpcnotrace -ldflags=-s\ -w)
+key=$( (cat "$here/go.sum" "$here/go.mod"; go version; echo "${flags[*]}") | sha256sum | cut -c1-16)
 out="$cache/node-bin/$key"
 bins=(containerd containerd-shim-runc-v2 ctr)
 # --dir: print where the binaries belong without building.
@@ -26,10 +32,8 @@ rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building containerd v2.4.2 (containerd, shim, ctr) into $out" >&2
 start=$(date +%s)
 cd "$here"
-# Static, no cgo: the shim is exec'd in the private mount namespace and must
-# not depend on the host's libc; btrfs (cgo) is not used by the tier.
 for b in "${bins[@]}"; do
-  CGO_ENABLED=0 go build -trimpath -tags no_btrfs -o "$out.tmp/$b" "github.com/containerd/containerd/v2/cmd/$b"
+  CGO_ENABLED=0 go build "${flags[@]}" -o "$out.tmp/$b" "github.com/containerd/containerd/v2/cmd/$b"
 done
 rm -rf "$out"; mv "$out.tmp" "$out"
 echo ">> containerd built in $(( $(date +%s) - start ))s" >&2

@@ -7,7 +7,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
-key=$( (cat "$here/go.sum" "$here/go.mod"; go version) | sha256sum | cut -c1-16)
+# Static, -trimpath, grpcnotrace: the product's build configuration
+# (pkg/shipbuild). This module's go.mod selects the same versions as the
+# product's for every module both compile (hack/alignmods checks), so
+# the shared packages (client-go, apiserver, grpc, ...) compile once on a
+# cold Go cache. Kubernetes' own release builds are static too.
+flags=(-trimpath -tags grpcnotrace -ldflags=-s\ -w)
+key=$( (cat "$here/go.sum" "$here/go.mod"; go version; echo "${flags[*]}") | sha256sum | cut -c1-16)
 out="$cache/k8s-bin/$key"
 # --dir: print where the binaries belong without building (the Go harness
 # uses it to find a warm cache and to name the directory in its error).
@@ -31,7 +37,7 @@ start=$(date +%s)
 cd "$here"
 # One go build for all six: the Go scheduler compiles their shared packages
 # once and keeps both cores busy to the end instead of linking one at a time.
-go build -o "$out.tmp/" go.etcd.io/etcd/server/v3 \
+CGO_ENABLED=0 go build "${flags[@]}" -o "$out.tmp/" go.etcd.io/etcd/server/v3 \
   k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,kubelet}
 mv "$out.tmp/server" "$out.tmp/etcd"  # go.etcd.io/etcd/server/v3 builds as "server"
 rm -rf "$out"; mv "$out.tmp" "$out"
