@@ -24,7 +24,7 @@ SHIPPED_GOFLAGS := -trimpath -tags grpcnotrace
 NICE_UNIT ?=
 NICE_BUILD ?=
 
-.PHONY: all build test unit kubevirt-tests helm-tests helm-bin test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
+.PHONY: all build test unit vet-race vet-kubevirt vet-helm build-shipped kubevirt-tests helm-tests helm-bin test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
 
 all: build
 
@@ -39,16 +39,37 @@ deps:
 k8s-bin:
 	@test/tools/build.sh >/dev/null
 
-# vet -race type-checks against the same compiled packages as `go test -race`
-# (unit), instead of compiling the whole module once more without -race.
-lint:
+# Each build configuration is compiled by one target, which the tiers that
+# share it wait for: Go's cache does not stop processes that start together
+# from compiling the same packages each, and on a cold cache the race build
+# compiled up to three times at once (unit, the real node, vet) and
+# KubeVirt's tree four times. Warm, these take seconds. go vet compiles
+# everything the packages' tests import too, then vets.
+# The race build: unit and the real node (`go test -race`).
+vet-race:
+	$(TIMED) $(NICE_BUILD) $(GO) vet -race -trimpath ./...
+
+# test/kubevirt (KubeVirt v1.9.0 and Kubernetes 0.34: its own tree), built
+# as its tests, the real-kernel tier's launcher and the real node's
+# generators build it (static, -trimpath).
+vet-kubevirt:
+	$(TIMED) ( cd test/kubevirt && CGO_ENABLED=0 GONOSUMDB=libvirt.org/go/libvirt $(GO) vet -trimpath ./... )
+
+# test/helm: its tests and the Helm CLI.
+vet-helm:
+	$(TIMED) ( cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) vet $(SHIPPED_GOFLAGS) ./... )
+
+# The shipped configuration: the guest's binaries, the images, every binary
+# the tests build (test/gobuild), the tests that run without -race.
+build-shipped:
+	$(TIMED) $(SHIPPED_ENV) $(GO) build $(SHIPPED_GOFLAGS) ./...
+
+lint: vet-race vet-kubevirt vet-helm
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(TIMED) ( $(NICE_BUILD) $(GO) vet -race -trimpath ./... && ( cd test/kubevirt && CGO_ENABLED=0 $(NICE_BUILD) $(GO) vet -trimpath ./... ) \
-	  && cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) vet $(SHIPPED_GOFLAGS) ./... )
 
 # The crash test's children are other processes, where -race sees nothing
 # and costs ~20x: it skips itself under -race and runs here without it.
-unit:
+unit: vet-race build-shipped
 	$(TIMED) ( export VFNET_K8S_BIN=$$(test/tools/build.sh) && $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./... \
 	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./driver/preparetest )
 
@@ -62,7 +83,7 @@ virt-deps:
 	@hack/virt-deps.sh
 
 # The netns case runs the real driver against a control plane on the host.
-test-kernel: kernel-deps virt-deps k8s-bin
+test-kernel: kernel-deps virt-deps k8s-bin build-shipped vet-kubevirt
 	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test $(SHIPPED_GOFLAGS) -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
 
 # Built as the real-node tier builds its KubeVirt stand-ins (static, -trimpath;
@@ -70,7 +91,7 @@ test-kernel: kernel-deps virt-deps k8s-bin
 # module's large dependency tree compiles once for both.
 # Its compat test runs KubeVirt's define steps against the real libvirtd
 # and QEMU that the real-kernel tier's vm case runs in its guest.
-kubevirt-tests: kernel-deps virt-deps
+kubevirt-tests: kernel-deps virt-deps vet-kubevirt build-shipped
 	$(TIMED) ( cd test/kubevirt && CGO_ENABLED=0 GONOSUMDB=libvirt.org/go/libvirt VFNET_REQUIRE_LIBVIRT=1 $(NICE_BUILD) $(GO) test -trimpath -count=1 -timeout 30m ./... )
 
 # The Helm chart (deployments/helm/vfnet), in its own module (test/helm, the
@@ -79,12 +100,12 @@ kubevirt-tests: kernel-deps virt-deps
 # same as manifests/components, the real-node tier's values the same as its
 # overlay; `helm lint --strict` passes. Built as helm-bin builds the CLI
 # (test/helm/build.sh), the product's configuration: the SDK compiles once.
-helm-tests:
+helm-tests: vet-helm
 	$(TIMED) ( cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) test $(SHIPPED_GOFLAGS) -count=1 -timeout 10m ./... )
 
 # The Helm v4 CLI the real-node tier installs the chart with, built once
 # into $(CACHE)/helm-bin.
-helm-bin:
+helm-bin: vet-helm
 	@test/helm/build.sh >/dev/null
 
 # containerd, its shim and ctr for the real-node tier, built once into
@@ -95,7 +116,7 @@ node-bin:
 # The real-node tier alone: a real kubelet and containerd in a private
 # mount + network namespace, vfnet installed from manifests/ and then with
 # the Helm chart (test/node).
-test-node: deps k8s-bin node-bin helm-bin
+test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin
 	$(TIMED) VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
 	  VFNET_HELM_BIN=$$(test/helm/build.sh) \
 	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
