@@ -46,8 +46,9 @@ k8s-bin:
 # KubeVirt's tree four times. Warm, these take seconds. go vet compiles
 # everything the packages' tests import too, then vets.
 # The race build: unit and the real node (`go test -race`).
+# Not niced: unit and the real node wait for it.
 vet-race:
-	$(TIMED) $(NICE_BUILD) $(GO) vet -race -trimpath ./...
+	$(TIMED) $(GO) vet -race -trimpath ./...
 
 # test/kubevirt (KubeVirt v1.9.0 and Kubernetes 0.34: its own tree), built
 # as its tests, the real-kernel tier's launcher and the real node's
