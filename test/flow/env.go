@@ -202,13 +202,15 @@ func (e *Env) InstallKubeVirtCRDs(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/gencrds", "-o", dir)
-	cmd.Dir = filepath.Join(e.Repo, "test", "kubevirt")
-	cmd.Env = append(os.Environ(), "GONOSUMDB=libvirt.org/go/libvirt")
+	bin, err := gobuild.KubeVirt(ctx, e.Repo, "./cmd/gencrds")
+	if err != nil {
+		return fmt.Errorf("generate KubeVirt CRDs: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "gencrds"), "-o", dir)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if _, err := cmd.Output(); err != nil {
-		return fmt.Errorf("generate KubeVirt CRDs (cd test/kubevirt && go run ./cmd/gencrds): %w\n%s", err, stderr.String())
+		return fmt.Errorf("generate KubeVirt CRDs (test/kubevirt cmd/gencrds -o %s): %w\n%s", dir, err, stderr.String())
 	}
 	if _, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", dir); err != nil {
 		return fmt.Errorf("apply KubeVirt CRDs: %w", err)

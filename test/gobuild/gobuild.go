@@ -35,7 +35,20 @@ func Shipped(ctx context.Context, repo string, pkgs ...string) (string, error) {
 	return dir, Into(ctx, repo, dir, shipbuild.Env(), shipbuild.Args(), pkgs...)
 }
 
-// Into runs `go build <args> -o <dir>/ <pkgs>` in repo with env added to
+// KubeVirt builds pkgs of test/kubevirt (KubeVirt v1.9.0's own code, its
+// own module) into Dir(repo, "kubevirt") and returns that directory: static
+// and -trimpath, as `make vet-kubevirt` and `make kubevirt-tests` compile
+// that module, so its large dependency tree compiles once on a cold Go
+// cache. A `go run` or a build in another configuration compiles all of it
+// again, and several tests doing that at once each compile it in full.
+func KubeVirt(ctx context.Context, repo string, pkgs ...string) (string, error) {
+	dir := Dir(repo, "kubevirt")
+	// GONOSUMDB: libvirt.org/go/libvirt (see test/kubevirt's README).
+	env := []string{"CGO_ENABLED=0", "GONOSUMDB=libvirt.org/go/libvirt"}
+	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, env, []string{"-trimpath"}, pkgs...)
+}
+
+// Into runs `go build <args> -o <dir>/ <pkgs>` in the module at repo with env added to
 // this process's environment. It holds an exclusive lock on dir meanwhile,
 // so test processes that build the same binaries at once take turns and
 // each later one finds them up to date. go build renames the new binary

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 )
 
 // A second build with the same inputs leaves the binary alone (no link),
@@ -16,7 +18,9 @@ func TestIntoSkipsUpToDateLink(t *testing.T) {
 	}
 	dir := t.TempDir()
 	const pkg = "./test/node/internal/pause"
-	if err := Into(t.Context(), repo, dir, []string{"CGO_ENABLED=0"}, nil, pkg); err != nil {
+	// The shipped configuration, whose packages are compiled already.
+	env, args := shipbuild.Env(), shipbuild.Args()
+	if err := Into(t.Context(), repo, dir, env, args, pkg); err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "pause")
@@ -30,7 +34,7 @@ func TestIntoSkipsUpToDateLink(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = Into(t.Context(), repo, dir, []string{"CGO_ENABLED=0"}, nil, pkg)
+			errs[i] = Into(t.Context(), repo, dir, env, args, pkg)
 		}()
 	}
 	wg.Wait()
@@ -49,7 +53,7 @@ func TestIntoSkipsUpToDateLink(t *testing.T) {
 		t.Errorf("the up-to-date binary was replaced")
 	}
 	// Other flags make another binary: go build links again.
-	if err := Into(t.Context(), repo, dir, []string{"CGO_ENABLED=0"}, []string{"-ldflags=-s"}, pkg); err != nil {
+	if err := Into(t.Context(), repo, dir, env, append(args, "-ldflags=-s"), pkg); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := os.Stat(bin); os.SameFile(first, st) {

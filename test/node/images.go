@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/pkg/ociimage"
-	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 	"github.com/vfnet-io/vfnet/test/gobuild"
 )
 
@@ -51,21 +50,6 @@ type Artifacts struct {
 	VMI string
 }
 
-// goBuild runs go build in dir with env added, writing out.
-func goBuild(ctx context.Context, dir, out, pkg string, env []string, flags ...string) error {
-	args := append([]string{"build"}, flags...)
-	args = append(args, "-o", out, pkg)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s (in %s): %w\n%s", pkg, dir, err, stderr.String())
-	}
-	return nil
-}
-
 // simDriverImage is ociimage.Driver with /usr/bin/vfnet-driver-sim as its
 // binary and entrypoint: only the program differs from the shipped image.
 func simDriverImage(ref, arch string, bin []byte) ociimage.Image {
@@ -86,22 +70,14 @@ func simDriverImage(ref, arch string, bin []byte) ociimage.Image {
 // and the VMI.
 func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	a := &Artifacts{Images: map[string]string{}}
-	bin := gobuild.Dir(repo, "node")
 	imgDir := filepath.Join(dir, "images")
-	for _, d := range []string{bin, imgDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
+	if err := os.MkdirAll(imgDir, 0o755); err != nil {
+		return nil, err
 	}
-	static := []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=" + runtime.GOARCH}
-	kvDir := filepath.Join(repo, "test", "kubevirt")
-	// KubeVirt's module needs this for libvirt.org/go/libvirt (README there).
-	kvEnv := append(static, "GONOSUMDB=libvirt.org/go/libvirt")
-
 	// The product images as hack/mkimages makes them, the driver's with
 	// the simulator-carrying build; the binaries are the ones the other
-	// tests run.
-	shipped, err := gobuild.Shipped(ctx, repo, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding")
+	// tests run. The pause program is built alike.
+	shipped, err := gobuild.Shipped(ctx, repo, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding", "./test/node/internal/pause")
 	if err != nil {
 		return nil, err
 	}
@@ -122,11 +98,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	}
 
 	// The sandbox ("pause") image.
-	pause := filepath.Join(bin, "pause")
-	if err := goBuild(ctx, repo, pause, "./test/node/internal/pause", static, shipbuild.Args()...); err != nil {
-		return nil, err
-	}
-	data, err := os.ReadFile(pause)
+	data, err := os.ReadFile(filepath.Join(shipped, "pause"))
 	if err != nil {
 		return nil, err
 	}
@@ -135,16 +107,14 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 		return nil, err
 	}
 
-	// test/kubevirt's generators, run later inside the namespace.
-	a.GenLauncherPod = filepath.Join(bin, "genlauncherpod")
-	a.GenCRDs = filepath.Join(bin, "gencrds")
-	for _, c := range []struct{ out, pkg string }{{a.GenLauncherPod, "./cmd/genlauncherpod"}, {a.GenCRDs, "./cmd/gencrds"}} {
-		// -trimpath as launcherstandin and `make kubevirt-tests`: one build
-		// configuration, so the KubeVirt dependencies compile once.
-		if err := goBuild(ctx, kvDir, c.out, c.pkg, kvEnv, "-trimpath"); err != nil {
-			return nil, err
-		}
+	// test/kubevirt's generators, run later inside the namespace, and the
+	// compute container's stand-in (KubeVirt's hook manager and converter).
+	kv, err := gobuild.KubeVirt(ctx, repo, "./cmd/genlauncherpod", "./cmd/gencrds", "./cmd/launcherstandin")
+	if err != nil {
+		return nil, err
 	}
+	a.GenLauncherPod = filepath.Join(kv, "genlauncherpod")
+	a.GenCRDs = filepath.Join(kv, "gencrds")
 
 	// The KubeVirt CR a cluster admin applies, with their binding image.
 	cr, err := os.ReadFile(filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml"))
@@ -183,13 +153,8 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 		return nil, err
 	}
 
-	// The compute container's stand-in: KubeVirt's hook manager and
-	// converter, at the path the rendered pod runs.
-	standin := filepath.Join(bin, "launcherstandin")
-	if err := goBuild(ctx, kvDir, standin, "./cmd/launcherstandin", kvEnv, "-trimpath"); err != nil {
-		return nil, err
-	}
-	if data, err = os.ReadFile(standin); err != nil {
+	// The stand-in goes at the path the rendered pod runs.
+	if data, err = os.ReadFile(filepath.Join(kv, "launcherstandin")); err != nil {
 		return nil, err
 	}
 	if err := a.write(imgDir, ociimage.Image{Ref: LauncherImage, Arch: runtime.GOARCH,

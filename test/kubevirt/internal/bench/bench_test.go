@@ -29,7 +29,7 @@ func TestRunSmoke(t *testing.T) {
 	if ok, err := product.HasBinding(); err != nil || !ok {
 		t.Skipf("product has no cmd/vfnet-binding yet (%v)", err)
 	}
-	rs, err := Run(context.Background(), Config{Calls: 5, Warmup: 1}, t.TempDir())
+	rs, err := Run(context.Background(), Config{Calls: 5, Warmup: 1, AsTiers: true}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
