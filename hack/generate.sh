@@ -48,7 +48,9 @@ fi
 install_gen() { # name module version
   local stamp="$bin/.$1-$3"
   if [[ ! -x "$bin/$1" || ! -e "$stamp" ]]; then
-    GOBIN="$bin" go install "$2@$3"
+    # As the shipped binaries build (pkg/shipbuild): the protobuf packages
+    # they share with the product compile once on a cold Go cache.
+    GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -tags grpcnotrace "$2@$3"
     rm -f "$bin/.$1-"*
     touch "$stamp"
   fi
