@@ -100,7 +100,10 @@ func (p *proc) wait(t *testing.T) {
 
 func dial(t *testing.T, socket string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Wait for ready, as virt-launcher's blocking dial does: the socket file
+	// appears at bind(2), a moment before listen(2) accepts connections.
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,10 @@ func (e *Env) RunBinding(ctx context.Context, n *Node, podUID types.UID, vmiJSON
 			return nil, fmt.Errorf("vfnet-binding created no socket in %s\n%s", hooksDir, readLog())
 		}
 	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Wait for ready, as virt-launcher's blocking dial does: the socket file
+	// appears at bind(2), a moment before listen(2) accepts connections.
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		return nil, err
 	}

@@ -677,7 +677,9 @@ func (k *Kubelet) register(ctx context.Context, regSocket string) error {
 	reg := registerapi.NewRegistrationClient(conn)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := reg.GetInfo(cctx, &registerapi.InfoRequest{})
+	// The kubelet dials the registration socket with grpc.WithBlock: the
+	// file appears at bind(2), a moment before listen(2) accepts.
+	info, err := reg.GetInfo(cctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("GetInfo on %s: %w", regSocket, err)
 	}

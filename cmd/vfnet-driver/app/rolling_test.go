@@ -107,7 +107,9 @@ func (n *rollingNode) start(name, uid string) *driverProc {
 	rc := registerapi.NewRegistrationClient(dialUnix(t, reg))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{})
+	// As the kubelet's blocking dial: the socket file appears at bind(2),
+	// a moment before listen(2) accepts.
+	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatalf("%s: GetInfo: %v", name, err)
 	}

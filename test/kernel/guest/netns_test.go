@@ -197,7 +197,9 @@ func (m *machine) startDriverWith(t *testing.T, ctx context.Context, ns, dir, cf
 		t.Fatalf("the driver runs in network namespace %q, the host's is %q: want its own", own, host)
 	}
 	rc := registerapi.NewRegistrationClient(dialUnix(t, regSock))
-	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{})
+	// As the kubelet's blocking dial: the socket file appears at bind(2),
+	// a moment before listen(2) accepts.
+	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
 	}

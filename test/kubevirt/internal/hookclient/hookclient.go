@@ -23,9 +23,13 @@ type Client struct {
 	callbacks hooksV1alpha3.CallbacksClient
 }
 
-// Dial connects lazily to the sidecar listening on socket.
+// Dial connects lazily to the sidecar listening on socket. Calls wait until
+// the connection is ready (within their context), as KubeVirt's hook
+// manager dials with grpc.WithBlock before each call: a sidecar's socket
+// file appears at bind(2), a moment before listen(2) accepts connections.
 func Dial(socket string) (*Client, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		return nil, fmt.Errorf("dial hook socket %s: %w", socket, err)
 	}
