@@ -10,9 +10,9 @@ export VFNET_CACHE := $(CACHE)
 # -trimpath everywhere: without it the module's packages compile again in
 # every new clone (their directory is part of Go's cache key), which is
 # what CI checks out.
-# -vet=off: every go test here waits for the full go vet of its packages
-# (vet-race, vet-kubevirt, vet-helm); go test's own subset of vet is
-# another configuration and, on a cold cache, about 150 CPU-seconds more.
+# -vet=off: every package a go test here runs is vetted in full by
+# vet-race, vet-kubevirt or vet-helm (all under lint); go test's own subset
+# of vet is another configuration and, cold, about 150 CPU-seconds more.
 GOTEST_FLAGS ?= -race -trimpath -vet=off -count=1 -timeout 40m
 # Each tier ends with one line of its wall and CPU time (its children's too),
 # so a slow CI run shows which tier took the machine.

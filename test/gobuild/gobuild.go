@@ -48,12 +48,12 @@ func KubeVirt(ctx context.Context, repo string, pkgs ...string) (string, error) 
 	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, env, []string{"-trimpath"}, pkgs...)
 }
 
-// Into runs `go build <args> -o <dir>/ <pkgs>` in the module at repo with env added to
+// Into runs `go build <args> -o <dir>/ <pkgs>` in moduleDir with env added to
 // this process's environment. It holds an exclusive lock on dir meanwhile,
 // so test processes that build the same binaries at once take turns and
 // each later one finds them up to date. go build renames the new binary
 // into place, so a process still running the old one is not disturbed.
-func Into(ctx context.Context, repo, dir string, env, args []string, pkgs ...string) error {
+func Into(ctx context.Context, moduleDir, dir string, env, args []string, pkgs ...string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create the test binaries' directory: %w", err)
 	}
@@ -67,7 +67,7 @@ func Into(ctx context.Context, repo, dir string, env, args []string, pkgs ...str
 	}
 	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
 	cmd := exec.CommandContext(ctx, "go", append(append(append([]string{"build"}, args...), "-o", dir+"/"), pkgs...)...)
-	cmd.Dir = repo
+	cmd.Dir = moduleDir
 	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %v into %s: %w\n%s", pkgs, dir, err, out)
