@@ -19,6 +19,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/pkg/shipbuild"
 	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/gobuild"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -218,8 +219,7 @@ type guestBinaries struct{ init, driver, binding, launcher, vmirender string }
 func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries {
 	t.Helper()
 	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver"),
-		binding: filepath.Join(dir, "vfnet-binding"), launcher: filepath.Join(dir, "kernellauncher"),
-		vmirender: filepath.Join(dir, "vmirender")}
+		binding: filepath.Join(dir, "vfnet-binding")}
 	// go test puts its own Go first on PATH (runtime.GOROOT is empty
 	// under -trimpath).
 	goBin, err := exec.LookPath("go")
@@ -239,10 +239,7 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 	}
 	if virt {
 		builds = append(builds,
-			goBuild{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.binding, "./cmd/vfnet-binding")},
-			// As make kubevirt-tests builds test/kubevirt (static, -trimpath).
-			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.launcher, "./cmd/kernellauncher"}},
-			goBuild{filepath.Join(repo, "test", "kubevirt"), []string{"build", "-trimpath", "-o", b.vmirender, "./cmd/vmirender"}})
+			goBuild{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.binding, "./cmd/vfnet-binding")})
 	}
 	for _, bd := range builds {
 		cmd := exec.Command(goBin, bd.args...)
@@ -251,6 +248,14 @@ func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s (in %s): %v\n%s", strings.Join(bd.args, " "), bd.dir, err, out)
 		}
+	}
+	if virt {
+		// test/kubevirt's, as every tier builds that module.
+		kv, err := gobuild.KubeVirt(t.Context(), repo, "./cmd/kernellauncher", "./cmd/vmirender")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.launcher, b.vmirender = filepath.Join(kv, "kernellauncher"), filepath.Join(kv, "vmirender")
 	}
 	return b
 }
