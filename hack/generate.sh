@@ -50,7 +50,8 @@ install_gen() { # name module version
   if [[ ! -x "$bin/$1" || ! -e "$stamp" ]]; then
     # As the shipped binaries build (pkg/shipbuild): the protobuf packages
     # they share with the product compile once on a cold Go cache.
-    GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -tags grpcnotrace "$2@$3"
+    # One compiler thread per core (test/tools/build.sh).
+    GOBIN="$bin" GOMAXPROCS=1 CGO_ENABLED=0 go install -p "$(nproc)" -trimpath -tags grpcnotrace "$2@$3"
     rm -f "$bin/.$1-"*
     touch "$stamp"
   fi

@@ -27,7 +27,8 @@ rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building the Helm CLI into $out" >&2
 start=$(date +%s)
 cd "$here"
-CGO_ENABLED=0 go build "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
+# One compiler thread per core (test/tools/build.sh).
+GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
 rm -rf "$out"; mv "$out.tmp" "$out"
 echo ">> Helm CLI built in $(( $(date +%s) - start ))s" >&2
 echo "$out"
