@@ -215,18 +215,28 @@ func (e *Env) InstallKubeVirtCRDs(ctx context.Context) error {
 	if _, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", dir); err != nil {
 		return fmt.Errorf("apply KubeVirt CRDs: %w", err)
 	}
+	return WaitKubeVirtCRDsEstablished(ctx, e.Dynamic)
+}
+
+// WaitKubeVirtCRDsEstablished waits until the apiserver serves KubeVirt's
+// VirtualMachineInstance, VirtualMachine and KubeVirt resources. Not
+// `kubectl wait --for=condition=Established`: it fails at once, instead of
+// waiting, on a CRD read before the apiserver's controllers first set its
+// status (`.status.conditions` is still null; kubernetes/kubernetes#66439),
+// which a real-node run hit right after `kubectl apply`.
+func WaitKubeVirtCRDsEstablished(ctx context.Context, dyn dynamic.Interface) error {
 	for _, crd := range []string{"virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io", "kubevirts.kubevirt.io"} {
-		if err := e.waitCRDEstablished(ctx, crd); err != nil {
+		if err := waitCRDEstablished(ctx, dyn, crd); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (e *Env) waitCRDEstablished(ctx context.Context, name string) error {
+func waitCRDEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
 	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		u, err := e.Dynamic.Resource(gvr).Get(ctx, name, metav1.GetOptions{})
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := dyn.Resource(gvr).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("CRD %s was not created by the generated manifests", name)
 		}
@@ -242,6 +252,10 @@ func (e *Env) waitCRDEstablished(ctx context.Context, name string) error {
 		}
 		return false, nil
 	})
+	if err != nil {
+		return fmt.Errorf("wait for CRD %s to be established: %w", name, err)
+	}
+	return nil
 }
 
 func unstructuredSlice(obj map[string]any, path ...string) ([]any, bool, error) {

@@ -541,8 +541,12 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if out, err := e.Kubectl(ctx, nil, "apply", "--server-side", "-f", crdDir); err != nil {
 		t.Fatalf("apply KubeVirt CRDs: %v\n%s", err, out)
 	}
-	if out, err := e.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s", "crd/virtualmachineinstances.kubevirt.io"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	dyn, err := dynamic.NewForConfig(e.Plane.AdminRESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := flow.WaitKubeVirtCRDsEstablished(ctx, dyn); err != nil {
+		t.Fatal(err)
 	}
 	b, err := os.ReadFile(e.art.VMI)
 	if err != nil {
@@ -554,10 +558,6 @@ func (e *env) testLauncherPod(t *testing.T) {
 	}
 	vmi.SetUID("")
 	vmi.SetResourceVersion("")
-	dyn, err := dynamic.NewForConfig(e.Plane.AdminRESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	created, err := dyn.Resource(vmiGVR()).Namespace(vmi.GetNamespace()).Create(ctx, vmi, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create VMI: %v", err)
