@@ -24,7 +24,7 @@ TIMED = TIMEFORMAT='== $@: %0R s wall, %0U s user + %0S s sys CPU'; time
 SHIPPED_ENV := CGO_ENABLED=0
 SHIPPED_GOFLAGS := -trimpath -tags grpcnotrace
 # The gates' builds and vets run one compiler thread per core (GOMAXPROCS=1,
-# -p = cores): about 11% less CPU than Go's default on a machine whose cores
+# -p = cores): about 10% less CPU than Go's default on a machine whose cores
 # all run compiles (test/tools/build.sh says why). Not for go test: its test
 # binaries would inherit GOMAXPROCS.
 ONE_THREAD := GOMAXPROCS=1

@@ -39,7 +39,7 @@ cd "$here"
 # once and keeps both cores busy to the end instead of linking one at a time.
 # One compiler thread per core: GOMAXPROCS=1 with -p = cores. By default each
 # compile also runs its backend on a second thread (-c=2) and its GC's idle
-# workers on the other core, about 11% more CPU where every core already
+# workers on the other core, about 10% more CPU where every core already
 # runs a compile (BENCHMARKS.md). Neither is part of Go's cache key: the
 # packages are the same ones a plain go build or go test finds.
 GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/" go.etcd.io/etcd/server/v3 \
