@@ -198,24 +198,29 @@ func (e *Env) waitPolicyActive(ctx context.Context) error {
 // own code (test/kubevirt, cmd/gencrds), applies them and waits until they
 // are established.
 func (e *Env) InstallKubeVirtCRDs(ctx context.Context) error {
-	dir := filepath.Join(e.Dir, "kubevirt-crds")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	bin, err := gobuild.KubeVirt(ctx, e.Repo, "./cmd/gencrds")
 	if err != nil {
 		return fmt.Errorf("generate KubeVirt CRDs: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "gencrds"), "-o", dir)
+	return ApplyKubeVirtCRDs(ctx, e.Plane, e.Dynamic, filepath.Join(bin, "gencrds"), filepath.Join(e.Dir, "kubevirt-crds"))
+}
+
+// ApplyKubeVirtCRDs runs the built gencrds into dir, applies what it wrote
+// to plane and waits until the CRDs are established.
+func ApplyKubeVirtCRDs(ctx context.Context, plane *controlplane.Plane, dyn dynamic.Interface, gencrds, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, gencrds, "-o", dir)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if _, err := cmd.Output(); err != nil {
 		return fmt.Errorf("generate KubeVirt CRDs (test/kubevirt cmd/gencrds -o %s): %w\n%s", dir, err, stderr.String())
 	}
-	if _, err := e.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", dir); err != nil {
-		return fmt.Errorf("apply KubeVirt CRDs: %w", err)
+	if out, err := plane.Kubectl(ctx, nil, "apply", "--server-side", "-f", dir); err != nil {
+		return fmt.Errorf("apply KubeVirt CRDs: %w\n%s", err, out)
 	}
-	return WaitKubeVirtCRDsEstablished(ctx, e.Dynamic)
+	return WaitKubeVirtCRDsEstablished(ctx, dyn)
 }
 
 // WaitKubeVirtCRDsEstablished waits until the apiserver serves KubeVirt's

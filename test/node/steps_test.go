@@ -534,18 +534,11 @@ func (e *env) testLauncherPod(t *testing.T) {
 	// KubeVirt's CRDs, then the VMI virt-controller would create: the pod's
 	// owner (the garbage collector deletes pods of missing owners) and
 	// where the driver reads the interface MAC.
-	crdDir := filepath.Join(e.Dir, "kubevirt-crds")
-	if out, err := exec.CommandContext(ctx, e.art.GenCRDs, "-o", crdDir).CombinedOutput(); err != nil {
-		t.Fatalf("gencrds: %v\n%s", err, out)
-	}
-	if out, err := e.Kubectl(ctx, nil, "apply", "--server-side", "-f", crdDir); err != nil {
-		t.Fatalf("apply KubeVirt CRDs: %v\n%s", err, out)
-	}
 	dyn, err := dynamic.NewForConfig(e.Plane.AdminRESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := flow.WaitKubeVirtCRDsEstablished(ctx, dyn); err != nil {
+	if err := flow.ApplyKubeVirtCRDs(ctx, e.Plane, dyn, e.art.GenCRDs, filepath.Join(e.Dir, "kubevirt-crds")); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(e.art.VMI)
