@@ -241,7 +241,10 @@ func RunInProductModule(ctx context.Context, srcDir, run string, env []string) (
 	// once more here without these).
 	cmd := exec.CommandContext(ctx, "go", "test", "-trimpath", "-tags", "grpcnotrace", "-count=1", "-run", run, ".")
 	cmd.Dir = tmp
-	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=mod"), env...)
+	// -mod=mod added to the inherited GOFLAGS (make's are part of the
+	// configuration the product's packages compiled in).
+	goflags := strings.TrimSpace(os.Getenv("GOFLAGS") + " -mod=mod")
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS="+goflags), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("go test %s in a module beside the product: %w\n%s", run, err, out)
