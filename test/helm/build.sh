@@ -25,10 +25,9 @@ flock 9
 if [ -x "$out/helm" ]; then echo "$out"; exit 0; fi
 rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building the Helm CLI into $out" >&2
-start=$(date +%s)
 cd "$here"
 # One compiler thread per core (test/tools/build.sh).
-GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
+TIMEFORMAT=">> Helm CLI: go build took %0R s (%0U s user + %0S s sys CPU)"
+time GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
 rm -rf "$out"; mv "$out.tmp" "$out"
-echo ">> Helm CLI built in $(( $(date +%s) - start ))s" >&2
 echo "$out"

@@ -30,11 +30,10 @@ flock 9
 if built; then echo "$out"; exit 0; fi
 rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building containerd v2.4.2 (containerd, shim, ctr) into $out" >&2
-start=$(date +%s)
 cd "$here"
 # One go build for the three, one compiler thread per core (test/tools/build.sh).
-GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/" \
+TIMEFORMAT=">> containerd: go build took %0R s (%0U s user + %0S s sys CPU)"
+time GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/" \
   "${bins[@]/#/github.com/containerd/containerd/v2/cmd/}"
 rm -rf "$out"; mv "$out.tmp" "$out"
-echo ">> containerd built in $(( $(date +%s) - start ))s" >&2
 echo "$out"
