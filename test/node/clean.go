@@ -83,7 +83,8 @@ func Snapshot() (HostState, error) {
 // same time (make test runs the tiers side by side), so what they make is
 // told apart: only mounts where the node mounts (/run, /var/lib, /var/log,
 // /proc/sys, the scratch directory), runc's and the kubelet's cgroups, and
-// the node's bridges and pods' veths count.
+// the node's bridges and pods' veths count. Another real-node run could
+// make the same cgroups; it waits for HostLockFile instead.
 func (s HostState) Diff(after HostState) []string {
 	var out []string
 	added := func(kind string, before, now []string, relevant func(string) bool) {

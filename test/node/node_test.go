@@ -53,10 +53,6 @@ func TestRealNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, err := Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if killed := SweepStale(scratchPrefix); len(killed) > 0 {
 		t.Logf("killed what an earlier, killed run left: %v", killed)
 	}
@@ -71,6 +67,28 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("build images: %v", err)
 	}
 	t.Logf("images and generators built in %s", time.Since(start).Round(time.Second))
+	// From the snapshot to CheckClean the host's node cgroups are this
+	// run's alone (HostLockFile).
+	lockCtx, cancelLock := context.WithTimeout(ctx, 20*time.Minute)
+	waitStart := time.Now()
+	unlock, err := LockHost(lockCtx, filepath.Join(os.TempDir(), HostLockFile), fmt.Sprintf("pid %d, %s", os.Getpid(), dir),
+		func(heldBy string) {
+			t.Logf("waiting for the real-node run of %s to end (one node at a time per machine)", heldBy)
+		})
+	cancelLock()
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	defer unlock()
+	if d := time.Since(waitStart); d > time.Second {
+		t.Logf("waited %s for the real-node lock", d.Round(time.Second))
+	}
+	before, err := Snapshot()
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
 	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo, Before: before}); err != nil {
 		t.Fatal(err)
 	}
