@@ -52,7 +52,7 @@ type Options struct {
 	// kube-scheduler and kubectl. Empty: see BinDir.
 	BinDir string
 	// StartTimeout bounds the wait for every component to become ready.
-	// Default 90s.
+	// Default DefaultStartTimeout.
 	StartTimeout time.Duration
 	// ExtraAPIServerFlags are appended to kube-apiserver's command line.
 	ExtraAPIServerFlags []string
@@ -107,6 +107,18 @@ type proc struct {
 
 const dirPrefix = "vfnet-cp-"
 
+// DefaultStartTimeout only bounds a hang: a component that fails exits, and
+// Start reports that at once. A ready plane returns as soon as it is ready,
+// so a long bound costs nothing; 90 s was too short in a fresh clone's
+// make test beside another (load 21-25 on two cores), where two API servers
+// were still not answering /readyz after it.
+const DefaultStartTimeout = 5 * time.Minute
+
+// pollTimeout bounds one readiness request. Under that load an API server's
+// /readyz took over 2 s (its "Post-timeout activity" log), so a 2 s client
+// timeout could fail every poll of a server that was ready.
+const pollTimeout = 15 * time.Second
+
 // Start launches etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler and waits until all report ready. On any failure everything
 // already started is stopped before the error returns; the error carries the
@@ -119,7 +131,7 @@ const dirPrefix = "vfnet-cp-"
 func Start(ctx context.Context, opts Options) (*Plane, error) {
 	logger := klog.FromContext(ctx)
 	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 90 * time.Second
+		opts.StartTimeout = DefaultStartTimeout
 	}
 	if opts.BinDir == "" {
 		dir, err := BinDir(ctx)
@@ -522,7 +534,7 @@ func completeChain(data []byte) error {
 // waitHTTP polls url until it answers 200. cfg (may be nil for plain http)
 // supplies TLS settings and a bearer token.
 func (p *Plane) waitHTTP(ctx context.Context, name, url string, cfg *rest.Config) error {
-	client := &http.Client{Timeout: 2 * time.Second}
+	client := &http.Client{Timeout: pollTimeout}
 	if cfg != nil {
 		tlsCfg, err := rest.TLSConfigFor(cfg)
 		if err != nil {
