@@ -6,16 +6,15 @@
 #   hack/generate.sh --check  regenerate into a temp copy and fail if the
 #                             committed code differs (reproducibility check)
 #
-# Generators are installed with `go install` into .cache/bin (ignored by git);
-# protoc comes from Debian's protobuf-compiler, installed if missing.
+# The generators are go.mod's tools (`tool` directive), built into .cache/bin
+# (ignored by git); protoc comes from Debian's protobuf-compiler, installed if
+# missing.
 set -euo pipefail
 # protoc talks to its plugins over pipes; started with stdin closed (CI runs
 # `.ci/run 0<&-`) a pipe takes fd 0, the plugin reads an empty request and
 # protoc exits 0 having written nothing. An open stdin avoids that.
 exec </dev/null
 
-PROTOC_GEN_GO_VERSION=v1.36.12      # same as google.golang.org/protobuf in go.mod
-PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 PROTOC_WANT="libprotoc 3.21.12"     # Debian bookworm/trixie protobuf-compiler
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,19 +44,21 @@ if [[ "$have" != "$PROTOC_WANT" ]]; then
   echo "warning: protoc is '$have', the committed code was made with '$PROTOC_WANT'" >&2
 fi
 
-install_gen() { # name module version
-  local stamp="$bin/.$1-$3"
-  if [[ ! -x "$bin/$1" || ! -e "$stamp" ]]; then
-    # As the shipped binaries build (pkg/shipbuild): the protobuf packages
-    # they share with the product compile once on a cold Go cache.
-    # One compiler thread per core (test/tools/build.sh).
-    GOBIN="$bin" GOMAXPROCS=1 CGO_ENABLED=0 go install -p "$(nproc)" -trimpath -tags grpcnotrace "$2@$3"
-    rm -f "$bin/.$1-"*
-    touch "$stamp"
-  fi
-}
-install_gen protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
-install_gen protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
+# The generators' versions are go.mod's, checked by go.sum like every other
+# dependency. `go install module@version` would look the module's latest
+# version up on the proxy even with a warm module cache (for deprecation
+# notices), and a fresh clone's CI run failed on that lookup's TLS timeout.
+gens=(google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc)
+versions=$(go list -m -f '{{.Path}}@{{.Version}}' google.golang.org/protobuf google.golang.org/grpc/cmd/protoc-gen-go-grpc | tr '\n/' ' _')
+stamp="$bin/.generators-$(printf '%s' "$versions" | sha256sum | cut -c1-16)"
+if [[ ! -x "$bin/protoc-gen-go" || ! -x "$bin/protoc-gen-go-grpc" || ! -e "$stamp" ]]; then
+  # As the shipped binaries build (pkg/shipbuild): the protobuf packages
+  # they share with the product compile once on a cold Go cache.
+  # One compiler thread per core (test/tools/build.sh).
+  GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -tags grpcnotrace -o "$bin/" "${gens[@]}"
+  rm -f "$bin/.generators-"* "$bin/.protoc-gen-go"*
+  touch "$stamp"
+fi
 
 protos=(sidecar/hooksapi/info/info.proto sidecar/hooksapi/v1alpha3/callbacks.proto)
 
