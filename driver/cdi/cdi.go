@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -41,7 +42,15 @@ type Device struct {
 type Writer struct {
 	Root    string
 	DevRoot string
+	// Hook, if set, is called with StepTempWritten inside Write, once the
+	// temporary file is complete and valid and before it is renamed into
+	// place. Crash tests stop the process there.
+	Hook func(step string)
 }
+
+// StepTempWritten is Write's Hook step: a kill there leaves the claim's
+// temporary file behind (RemoveTemps removes it).
+const StepTempWritten = "cdi-temp-written"
 
 // DeviceName is the CDI device name of one VF of one claim. The claim UID
 // keeps names unique, so runtimes never hit a stale cached spec.
@@ -85,7 +94,8 @@ func (w Writer) Build(claimUID types.UID, devices []Device) *cdispec.Spec {
 }
 
 // Write validates the claim's spec with the CDI library and puts it in place
-// atomically. It returns the CDI IDs, in the order of devices.
+// atomically. It returns the CDI IDs, in the order of devices. Callers must
+// not write one claim's spec concurrently (prepare holds the node lock).
 func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	data, err := w.encode(claimUID, devices)
 	if err != nil {
@@ -95,18 +105,29 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 		return nil, fmt.Errorf("create CDI directory %s (--cdi-root): %w", w.Root, err)
 	}
 	final := w.SpecPath(claimUID)
-	// Validate exactly the bytes we are about to install, the way a runtime
-	// will read them, before they become visible under a .json name.
-	tmp := filepath.Join(w.Root, validateName(filepath.Base(final)))
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return nil, fmt.Errorf("write CDI spec %s: %w", tmp, err)
+	// The temporary file is validated the way a runtime will read it and
+	// then renamed into place, so what is validated is exactly what is
+	// installed. Runtimes ignore its .tmp name.
+	tmp, err := os.CreateTemp(w.Root, checkpoint.TempGlob(filepath.Base(final)))
+	if err != nil {
+		return nil, fmt.Errorf("write CDI spec for claim %s: create a temporary file in %s (--cdi-root): %w", claimUID, w.Root, err)
 	}
-	_, verr := cdiapi.ReadSpec(tmp, 0)
-	_ = os.Remove(tmp)
-	if verr != nil {
-		return nil, fmt.Errorf("CDI spec for claim %s fails CDI validation: %w", claimUID, verr)
+	if err := writeSynced(tmp, data); err != nil {
+		_ = os.Remove(tmp.Name())
+		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
 	}
-	if err := checkpoint.WriteFileAtomic(final, data, 0o644); err != nil {
+	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
+		_ = os.Remove(tmp.Name())
+		return nil, fmt.Errorf("CDI spec for claim %s fails CDI validation: %w", claimUID, err)
+	}
+	if w.Hook != nil {
+		w.Hook(StepTempWritten)
+	}
+	if err := os.Rename(tmp.Name(), final); err != nil {
+		_ = os.Remove(tmp.Name())
+		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
+	}
+	if err := syncDir(w.Root); err != nil {
 		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
 	}
 	ids := make([]string, len(devices))
@@ -116,14 +137,101 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	return ids, nil
 }
 
+// writeSynced writes data to f, makes it readable by the runtime, flushes
+// it to disk and closes f.
+func writeSynced(f *os.File, data []byte) error {
+	_, err := f.Write(data)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("temporary file %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s to fsync it: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// validateName is the validation copy older drivers wrote before the spec
+// (a kill could leave it too).
 func validateName(spec string) string { return "." + spec + ".validate" }
 
-// TempGlobs match the temporary files Write creates in Root; a crash in the
-// middle of Write leaves them behind.
+// TempGlobs match the temporary files Write (or an older driver's Write)
+// creates in Root for any claim; a crash in the middle of Write leaves them
+// behind.
 func (w Writer) TempGlobs() []string {
 	name := cdiapi.GenerateTransientSpecName(Vendor, Class, "*") + ".json"
 	root := checkpoint.GlobEscape(w.Root)
 	return []string{filepath.Join(root, checkpoint.TempGlob(name)), filepath.Join(root, validateName(name))}
+}
+
+// RemoveTemps removes the temporary files of the claim's spec that an
+// interrupted Write left in Root, and returns the ones it removed. Only
+// files named after this claim's spec are touched. The caller must make sure
+// no Write of the claim runs meanwhile (prepare holds the node lock).
+func (w Writer) RemoveTemps(claimUID types.UID) ([]string, error) {
+	spec := filepath.Base(w.SpecPath(claimUID))
+	matches, err := filepath.Glob(filepath.Join(checkpoint.GlobEscape(w.Root), checkpoint.TempGlob(checkpoint.GlobEscape(spec))))
+	if err != nil {
+		return nil, fmt.Errorf("list temporary files of CDI spec %s: %w", spec, err)
+	}
+	// The glob's * also matches another claim whose UID extends this one
+	// ("<uid>.json.x"); os.CreateTemp's random part is decimal digits.
+	var names []string
+	for _, m := range matches {
+		if IsTempName(filepath.Base(m), spec) {
+			names = append(names, m)
+		}
+	}
+	names = append(names, filepath.Join(w.Root, validateName(spec)))
+	var removed []string
+	var errs []error
+	for _, p := range names {
+		switch err := os.Remove(p); {
+		case err == nil:
+			removed = append(removed, p)
+		case !errors.Is(err, fs.ErrNotExist):
+			errs = append(errs, fmt.Errorf("remove temporary CDI spec file %s: %w", p, err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// IsTempName reports whether name is one of the temporary files
+// checkpoint.WriteFileAtomic, Write and the kubeletplugin helper create to
+// replace the file named file: "." + file + "." + decimal digits + ".tmp".
+func IsTempName(name, file string) bool {
+	rest, ok := strings.CutPrefix(name, "."+file+".")
+	if !ok {
+		return false
+	}
+	digits, ok := strings.CutSuffix(rest, ".tmp")
+	if !ok || digits == "" {
+		return false
+	}
+	for _, r := range digits {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (w Writer) encode(claimUID types.UID, devices []Device) ([]byte, error) {

@@ -1,8 +1,11 @@
 package cdi
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -68,4 +71,156 @@ func TestInvalidRejected(t *testing.T) {
 	if len(ents) != 0 {
 		t.Fatalf("left %v", ents)
 	}
+}
+
+// A kill inside Write, after the temporary file is complete and before it
+// is renamed, leaves that file under a name of the claim's spec, and no
+// spec; RemoveTemps removes it and nothing of another claim.
+func TestKillInsideWriteThenRemoveTemps(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	devs := []Device{{Name: "vf-0000-3b-02-1", DevNode: "vfio/42"}}
+	other := Writer{Root: root, DevRoot: "/dev"}
+	if _, err := other.Write("uid-b", devs); err != nil {
+		t.Fatal(err)
+	}
+	var inside []string
+	w := Writer{Root: root, DevRoot: "/dev", Hook: func(step string) {
+		if step != StepTempWritten {
+			t.Errorf("hook step %q, want %q", step, StepTempWritten)
+		}
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			t.Error(err)
+		}
+		for _, e := range ents {
+			inside = append(inside, e.Name())
+		}
+		runtime.Goexit() // the write goes no further, as under a kill
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = w.Write("uid-a", devs)
+		t.Error("Write returned after its hook stopped it")
+	}()
+	<-done
+	specA, specB := "sriov.vfnet.io-vf_uid-a.json", "sriov.vfnet.io-vf_uid-b.json"
+	// ReadDir sorts: the dot file comes first.
+	if len(inside) != 2 || !IsTempName(inside[0], specA) || inside[1] != specB {
+		t.Fatalf("CDI directory inside the write: %v; want %s and a temporary file of %s", inside, specB, specA)
+	}
+	if got := names(t, root); !slices.Equal(got, inside) {
+		t.Fatalf("CDI directory after the kill: %v, want %v", got, inside)
+	}
+	// Another claim's temporary files stay.
+	plantB := []string{"." + specB + ".77.tmp", "." + specB + ".validate"}
+	for _, n := range plantB {
+		if err := os.WriteFile(filepath.Join(root, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := w.RemoveTemps("uid-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != filepath.Join(root, inside[0]) {
+		t.Fatalf("RemoveTemps removed %v, want [%s]", removed, filepath.Join(root, inside[0]))
+	}
+	want := append([]string{specB}, plantB...)
+	slices.Sort(want)
+	if got := names(t, root); !slices.Equal(got, want) {
+		t.Fatalf("CDI directory after RemoveTemps(uid-a): %v, want %v", got, want)
+	}
+	// The claim is written as usual afterwards.
+	w.Hook = nil
+	if _, err := w.Write("uid-a", devs); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, specA)
+	slices.Sort(want)
+	if got := names(t, root); !slices.Equal(got, want) {
+		t.Fatalf("CDI directory after writing uid-a again: %v, want %v", got, want)
+	}
+}
+
+// RemoveTemps removes the claim's temporary files of both kinds (this
+// Write's and the validation copy older drivers wrote) and nothing else:
+// not the spec, not another claim's files, not look-alikes.
+func TestRemoveTempsOnlyTheClaims(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	w := Writer{Root: root, DevRoot: "/dev"}
+	files := map[string]bool{ // name -> removed by RemoveTemps("uid-a")
+		".sriov.vfnet.io-vf_uid-a.json.123.tmp":        true,
+		".sriov.vfnet.io-vf_uid-a.json.4294967295.tmp": true,
+		".sriov.vfnet.io-vf_uid-a.json.validate":       true,
+		"sriov.vfnet.io-vf_uid-a.json":                 false, // the spec: Remove's business
+		".sriov.vfnet.io-vf_uid-b.json.123.tmp":        false,
+		".sriov.vfnet.io-vf_uid-b.json.validate":       false,
+		".sriov.vfnet.io-vf_uid-a.json.x.json.5.tmp":   false, // claim "uid-a.json.x"
+		".sriov.vfnet.io-vf_uid-a0.json.123.tmp":       false,
+		".sriov.vfnet.io-vf_uid-a.json..tmp":           false,
+		".sriov.vfnet.io-vf_uid-a.json.123.tmp.bak":    false,
+		".sriov.vfnet.io_metadata_uid-a_vf.json.1.tmp": false, // the helper's: prepare removes it
+	}
+	for n := range files {
+		if err := os.WriteFile(filepath.Join(root, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := w.RemoveTemps("uid-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for n, gone := range files {
+		_, err := os.Stat(filepath.Join(root, n))
+		if errors.Is(err, os.ErrNotExist) != gone {
+			t.Errorf("%s: removed %v, want %v", n, !gone, gone)
+		}
+		if gone {
+			want = append(want, filepath.Join(root, n))
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(removed)
+	if !slices.Equal(removed, want) {
+		t.Errorf("RemoveTemps reported %v, want %v", removed, want)
+	}
+	if removed, err := w.RemoveTemps("uid-a"); err != nil || len(removed) != 0 {
+		t.Errorf("second RemoveTemps = %v, %v; want nothing", removed, err)
+	}
+}
+
+func TestIsTempName(t *testing.T) {
+	t.Parallel()
+	for name, want := range map[string]bool{
+		".a.json.0.tmp":      true,
+		".a.json.123456.tmp": true,
+		"a.json.1.tmp":       false,
+		".a.json.tmp":        false,
+		".a.json..tmp":       false,
+		".a.json.1a.tmp":     false,
+		".a.json.1.tmpx":     false,
+		".a.jsonx.1.tmp":     false,
+		".b.json.1.tmp":      false,
+	} {
+		if got := IsTempName(name, "a.json"); got != want {
+			t.Errorf("IsTempName(%q, a.json) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func names(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
 }

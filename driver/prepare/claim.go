@@ -30,6 +30,7 @@ const (
 	StepCheckpointRecorded    = "checkpoint-recorded"
 	StepCheckpointBinding     = "checkpoint-binding"
 	StepCheckpointApplying    = "checkpoint-applying"
+	StepCDITempWritten        = cdi.StepTempWritten // inside the CDI spec write, before its rename
 	StepCDIWritten            = "cdi-written"
 	StepStatusUpdated         = "status-updated"
 	StepCheckpointPrepared    = "checkpoint-prepared"
@@ -206,6 +207,9 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
 		}
 	}
+	// A kill inside an earlier write of this claim's files left its
+	// temporary files; the claim is ready again without them.
+	s.removeClaimTemps(ctx, claim.UID, claim.Namespace, claim.Name)
 	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
 		return at(ErrStepCDI, fmt.Errorf("write CDI spec: %w", err))
 	}
@@ -275,6 +279,9 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 	if err := s.cdi.Remove(uid); err != nil {
 		errs = append(errs, at(ErrStepCDI, err))
 	}
+	// Without this, a kill inside one of the claim's writes leaves a file
+	// that outlives the claim until a driver start finds it stale.
+	s.removeClaimTemps(ctx, uid, entry.Namespace, entry.Name)
 	s.hook(StepCDIRemoved)
 	for i := len(entry.Devices) - 1; i >= 0; i-- {
 		d := entry.Devices[i]

@@ -113,8 +113,9 @@ type Options struct {
 	// next to the checkpoint). Every driver instance on the node must use
 	// the same file.
 	LockPath string
-	// Hook, if set, is called after each checkpoint write and host change
-	// with the step's name. Crash tests stop the process there.
+	// Hook, if set, is called after each checkpoint write and host change,
+	// and inside the CDI spec write (StepCDITempWritten), with the step's
+	// name. Crash tests stop the process there.
 	Hook func(step string)
 	// Observer, if set, sees every claim's prepare and unprepare
 	// (driver/metrics).
@@ -210,7 +211,7 @@ func New(opts Options) (*State, error) {
 		opts:  opts,
 		store: store,
 		lock:  nodelock.New(opts.LockPath),
-		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot},
+		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot, Hook: opts.Hook},
 		binder: pcibind.Binder{Sysfs: opts.Sysfs, Writer: opts.Writer, DevRoot: opts.DevRoot, NodeName: opts.NodeName,
 			Hook: opts.Hook},
 		cp:     cp,

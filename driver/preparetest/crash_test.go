@@ -42,8 +42,8 @@ const (
 	crashExit    = 17
 )
 
-// TestCrashHelper is the child process; it does nothing in a normal run.
-func TestCrashHelper(t *testing.T) {
+// TestCrashChildProcess is the child process; it does nothing in a normal run.
+func TestCrashChildProcess(t *testing.T) {
 	if os.Getenv(envHelper) != "1" {
 		t.Skip("helper process for TestCrashAtEveryStep")
 	}
@@ -128,6 +128,24 @@ func crashClaim() *resourceapi.ResourceClaim {
 // step it crashed after, or "" when it finished without reaching crashAt.
 func runChild(t *testing.T, e *Env, mode string, crashAt int, resets bool) string {
 	t.Helper()
+	var extra []string
+	if resets {
+		extra = append(extra, envResets+"=1")
+	}
+	step := runHelper(t, e, "TestCrashChildProcess", mode, crashAt, extra...)
+	if resets {
+		e.Host.SetVFResets(crashResets)
+	}
+	return step
+}
+
+// runHelper runs the test function helper in a child process on e's host,
+// plugin and CDI directories, for crashClaim, in mode, to stop at its
+// crashAt-th crash point; extraEnv is added to the child's environment. It
+// returns the step the child stopped at (it exits with crashExit or kills
+// itself with SIGKILL there), or "" when the child finished first.
+func runHelper(t *testing.T, e *Env, helper, mode string, crashAt int, extraEnv ...string) string {
+	t.Helper()
 	claimFile := filepath.Join(e.Dir, "claim.json")
 	data, _ := json.Marshal(crashClaim())
 	if err := os.WriteFile(claimFile, data, 0o644); err != nil {
@@ -136,29 +154,29 @@ func runChild(t *testing.T, e *Env, mode string, crashAt int, resets bool) strin
 	stepFile := filepath.Join(e.Dir, "step")
 	_ = os.Remove(stepFile)
 	e.Host.Close() // the child owns the host now
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envHelper+"=1", envCrashAt+"="+strconv.Itoa(crashAt), envMode+"="+mode,
 		envHostRoot+"="+e.Host.Root(), envPluginDir+"="+e.PluginDir, envCDIRoot+"="+e.CDIRoot,
 		envClaim+"="+claimFile, envStepFile+"="+stepFile)
-	if resets {
-		cmd.Env = append(cmd.Env, envResets+"=1")
-	}
+	cmd.Env = append(cmd.Env, extraEnv...)
 	out, err := cmd.CombinedOutput()
 	e.Reopen(t)
-	if resets {
-		e.Host.SetVFResets(crashResets)
-	}
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
 		return ""
-	case errors.As(err, &exit) && exit.ExitCode() == crashExit:
+	case errors.As(err, &exit) && (exit.ExitCode() == crashExit || killed(exit)):
 		step, _ := os.ReadFile(stepFile)
 		return string(step)
 	default:
-		t.Fatalf("child %s (crash at %d) failed: %v\n%s", mode, crashAt, err, out)
+		t.Fatalf("child %s %s (crash at %d) failed: %v\n%s", helper, mode, crashAt, err, out)
 		return ""
 	}
+}
+
+func killed(exit *exec.ExitError) bool {
+	ws, ok := exit.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 func unprepareClaim(t *testing.T, s *prepare.State, c *resourceapi.ResourceClaim) {
