@@ -12,6 +12,9 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -147,7 +150,9 @@ type Options struct {
 
 // Plugin is a started kubelet plugin.
 type Plugin struct {
-	helper *kubeletplugin.Helper
+	helper       *kubeletplugin.Helper
+	kube         kubernetes.Interface
+	driver, node string
 }
 
 // Start registers with the kubelet and serves the DRA and health gRPC APIs.
@@ -189,12 +194,37 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin %s: %w", opts.DriverName, err)
 	}
-	return &Plugin{helper: helper}, nil
+	return &Plugin{helper: helper, kube: opts.KubeClient, driver: opts.DriverName, node: opts.NodeName}, nil
 }
 
 // PublishResources hands the ResourceSlices to the helper's controller.
 func (p *Plugin) PublishResources(ctx context.Context, resources resourceslice.DriverResources) error {
 	return p.helper.PublishResources(ctx, resources)
+}
+
+// PublishedSlices lists this node's ResourceSlices of the driver from the
+// API server itself (a consistent read, not the controller's cache): what the
+// scheduler can see, as opposed to what PublishResources handed over.
+func (p *Plugin) PublishedSlices(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	sel := fields.AndSelectors(
+		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, p.node),
+		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, p.driver)).String()
+	var out []resourceapi.ResourceSlice
+	opts := metav1.ListOptions{FieldSelector: sel}
+	for {
+		list, err := p.kube.ResourceV1().ResourceSlices().List(ctx, opts)
+		switch {
+		case apierrors.IsForbidden(err):
+			return nil, fmt.Errorf("list ResourceSlices (%s): %w: the driver's ServiceAccount needs the verb list on resourceslices (API group resource.k8s.io): restore it in the vfnet-driver ClusterRole (manifests/base/rbac.yaml)", sel, err)
+		case err != nil:
+			return nil, fmt.Errorf("list ResourceSlices (%s): %w", sel, err)
+		}
+		out = append(out, list.Items...)
+		if list.Continue == "" {
+			return out, nil
+		}
+		opts.Continue = list.Continue
+	}
 }
 
 // Helper exposes the kubeletplugin helper (registration status, metadata updates).

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
@@ -58,7 +61,22 @@ type LoopOptions struct {
 	// due or blocked (0: the normal interval), so it is applied soon after
 	// the claims in its way are gone.
 	PendingInterval time.Duration
+	// PublishedSlices reads this node's ResourceSlices of the driver back
+	// from the API server (plugin.Plugin.PublishedSlices). Publishing only
+	// hands the slices to the asynchronous ResourceSlice controller, so a
+	// VF count change of a PF with VFs is made only once the slices read
+	// back show every published VF of the PF with its count taint: until
+	// then the scheduler may still place a claim on a VF about to go. nil:
+	// such changes wait forever (nothing is ever written unconfirmed).
+	PublishedSlices func(ctx context.Context) ([]resourceapi.ResourceSlice, error)
+	// ReadBackTimeout bounds one PublishedSlices call (0:
+	// DefaultReadBackTimeout): an API server that accepts the request and
+	// never answers must not stop the rescan loop.
+	ReadBackTimeout time.Duration
 }
+
+// DefaultReadBackTimeout is LoopOptions.ReadBackTimeout's default.
+const DefaultReadBackTimeout = 10 * time.Second
 
 // VFCounter is the part of vfcount.Reconciler the loop drives.
 type VFCounter interface {
@@ -87,10 +105,15 @@ type Loop struct {
 	lastWhy   string
 	lastSkip  []discovery.Skipped
 	lastCfgEr string
+	// awaitSaid: PF -> the last reason its change waits for the API server
+	// that was logged, so it is logged when it changes, not every pass.
+	awaitSaid map[string]string
 }
 
 // NewLoop returns a Loop; call Scan once at start-up, then Run.
-func NewLoop(opts LoopOptions) *Loop { return &Loop{opts: opts, kick: make(chan struct{}, 1)} }
+func NewLoop(opts LoopOptions) *Loop {
+	return &Loop{opts: opts, kick: make(chan struct{}, 1), awaitSaid: map[string]string{}}
+}
 
 // Trigger asks Run for a rescan now (the health probe saw a PF change);
 // it never blocks.
@@ -108,12 +131,14 @@ func (l *Loop) Trigger() {
 func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	handed := l.changing // the count taints earlier passes handed over
 	published, plans, err := l.scan(ctx)
 	if err != nil || l.opts.VFCount == nil {
 		return published, err
 	}
-	// The taints of due changes are out: make the changes, then publish
-	// the VFs as they are now.
+	// Make the due changes the API server shows tainted, then publish the
+	// VFs as they are now.
+	l.awaitTaints(ctx, plans, handed)
 	if !l.opts.VFCount.Apply(ctx, plans) {
 		return published, nil
 	}
@@ -229,6 +254,144 @@ func (l *Loop) Run(ctx context.Context, interval time.Duration) {
 			logger.Error(err, "Rescan failed, will retry", "interval", interval)
 		}
 	}
+}
+
+// awaitTaints marks every due change of a PF with VFs AwaitingTaints
+// unless the ResourceSlices read back from the API server show each VF of
+// the PF this loop published with the count taint. Taints first handed
+// over in this pass are not read back: Apply waits a pass for them anyway.
+func (l *Loop) awaitTaints(ctx context.Context, plans []vfcount.Plan, handed Taints) {
+	logger := klog.FromContext(ctx)
+	var (
+		read    bool
+		shown   []resourceapi.ResourceSlice
+		readErr error
+	)
+	due := map[string]bool{}
+	for i := range plans {
+		p := &plans[i]
+		if p.State != vfcount.Pending || p.Current == 0 {
+			continue
+		}
+		due[p.PF] = true
+		want := Taints(vfcount.Taints([]vfcount.Plan{*p}))
+		var missing []string
+		switch {
+		case !handedOver(want, handed):
+			p.AwaitingTaints = "its taints were handed to the ResourceSlice controller in this pass"
+			continue // not worth a line: the next pass reads them back
+		case l.opts.PublishedSlices == nil:
+			p.AwaitingTaints = "this driver cannot read its ResourceSlices back (no PublishedSlices configured), so it never knows the taint is published"
+		default:
+			if !read {
+				shown, readErr = l.readBack(ctx)
+				read = true
+			}
+			if readErr != nil {
+				p.AwaitingTaints = fmt.Sprintf("the published ResourceSlices cannot be read back from the API server (%v); the change is made once they show its taints", readErr)
+			} else if missing = l.notShown(shown, p.PF, want); len(missing) > 0 {
+				p.AwaitingTaints = fmt.Sprintf("waiting for the API server to show the taint %s on %d devices of PF %s (%s): the ResourceSlice controller has not written them yet",
+					vfcount.TaintKey, len(missing), p.PF, strings.Join(missing, ", "))
+			}
+		}
+		said := p.AwaitingTaints
+		if said == "" {
+			said = "shown"
+		}
+		if l.awaitSaid[p.PF] == said {
+			continue
+		}
+		l.awaitSaid[p.PF] = said
+		switch {
+		case p.AwaitingTaints == "":
+			logger.Info("The API server shows the VF count taint on every published VF of the PF; the change may go ahead", "pf", p.PF, "pfName", p.PFName,
+				"current", p.Current, "desired", p.Desired)
+		case readErr != nil:
+			logger.Error(readErr, "VF count change waits: cannot read the published ResourceSlices back", "pf", p.PF, "pfName", p.PFName)
+		default:
+			logger.Info("VF count change waits for its taints in the API server", "pf", p.PF, "pfName", p.PFName, "notShown", len(missing), "reason", p.AwaitingTaints)
+		}
+	}
+	for pf := range l.awaitSaid {
+		if !due[pf] {
+			delete(l.awaitSaid, pf)
+		}
+	}
+}
+
+// handedOver reports whether every taint of want was in an earlier
+// publication.
+func handedOver(want, handed Taints) bool {
+	for name, v := range want {
+		if hv, ok := handed[name]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// readBack calls PublishedSlices with the read-back timeout.
+func (l *Loop) readBack(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	timeout := l.opts.ReadBackTimeout
+	if timeout <= 0 {
+		timeout = DefaultReadBackTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ss, err := l.opts.PublishedSlices(rctx)
+	switch {
+	case err == nil, ctx.Err() != nil, apierrors.IsForbidden(err): // the last names its fix
+		return ss, err
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("no answer within %s: %w: check the API server's load and this node's connection to it", timeout, err)
+	default:
+		return nil, fmt.Errorf("%w: check that the API server is up and reachable from this node", err)
+	}
+}
+
+// notShown returns, sorted, the devices of want (device -> count taint
+// value) the slices read back do not show with that taint: offered in any
+// slice of this node's pool without it, or published by this loop and in
+// no slice. Every slice counts, whatever its pool generation: while the
+// controller is still replacing an older one, that one may offer the
+// device untainted.
+func (l *Loop) notShown(ss []resourceapi.ResourceSlice, pf string, want Taints) []string {
+	bad := map[string]bool{}
+	for _, d := range l.published {
+		if _, ok := want[d.Name]; ok && d.PFAddress == pf {
+			bad[d.Name] = true // until a slice shows it
+		}
+	}
+	seenBad := map[string]bool{}
+	for i := range ss {
+		if ss[i].Spec.Pool.Name != l.opts.NodeName {
+			continue
+		}
+		for _, d := range ss[i].Spec.Devices {
+			v, ok := want[d.Name]
+			if !ok {
+				continue
+			}
+			if !hasTaint(d, vfcount.TaintKey, v) {
+				seenBad[d.Name] = true
+			}
+			bad[d.Name] = seenBad[d.Name]
+		}
+	}
+	var out []string
+	for name, b := range bad {
+		if b {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hasTaint(d resourceapi.Device, key, value string) bool {
+	return slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool {
+		return t.Key == key && t.Value == value && t.Effect == resourceapi.DeviceTaintEffectNoSchedule
+	})
 }
 
 // withUnhealthyPFs adds the taints of devices whose PF's link is down and

@@ -8,8 +8,10 @@
 // changes a PF's count only while none of its VFs is prepared (the
 // checkpoint) or allocated to a ResourceClaim, and first publishes all of
 // them with a NoSchedule taint (TaintKey) so the scheduler stops placing new
-// claims there. A blocked change is reported (log, Node Event, inspect) with
-// the claims in the way and applied once they are gone.
+// claims there; the caller reads the slices back, and the change is made
+// only once the API server shows the taint (Plan.AwaitingTaints). A
+// blocked change is reported (log, Node Event, inspect) with the claims in
+// the way and applied once they are gone.
 //
 // The desired count lives only in the configuration, so a crash between
 // the two writes (0 written, N not yet) converges: the restarted driver
@@ -106,6 +108,11 @@ type Plan struct {
 	Blockers []Blocker
 	// VFs are the PF's VFs now (index -> address), to taint.
 	VFs map[int]string
+	// AwaitingTaints, set by the caller between Plan and Apply, says why
+	// the API server is not known to hold this PF's taints yet: Apply then
+	// leaves the change for a later pass. Publishing only hands the slices
+	// to an asynchronous controller, so the caller reads them back first.
+	AwaitingTaints string
 }
 
 // Changing reports whether vfnet will change the PF's VFs (now or once
@@ -153,6 +160,9 @@ type Usage struct {
 	// Removing such a VF would block the sriov_numvfs write in the kernel
 	// until the process lets go.
 	Held map[string]string
+	// Unlisted is why Allocated is unknown (listing the claims failed):
+	// any claim may hold any VF, so every change of a PF with VFs waits.
+	Unlisted error
 }
 
 // Plans says, without changing anything, what vfnet does for every PF a
@@ -207,16 +217,23 @@ func plan(pf *sysfs.PF, want int, field string, use Usage) Plan {
 		p.Reason = fmt.Sprintf("%s is %d, but no driver is bound to the PF, and only its driver creates VFs: load the PF's driver", field, want)
 	default:
 		p.Blockers = blockers(pf, use)
-		if len(p.Blockers) == 0 {
+		var why []string
+		if len(p.Blockers) > 0 {
+			var parts []string
+			for _, b := range p.Blockers {
+				parts = append(parts, b.String())
+			}
+			why = append(why, fmt.Sprintf("VFs in use: %s (the kernel destroys every VF of the PF on a change; it is made once these claims are unprepared and deallocated, and no process holds a VF open)", strings.Join(parts, "; ")))
+		}
+		if use.Unlisted != nil && len(pf.VFs) > 0 {
+			why = append(why, fmt.Sprintf("ResourceClaims cannot be listed, so whether a claim is allocated one of its VFs is unknown (%v); the change is made once they can be listed", use.Unlisted))
+		}
+		if len(why) == 0 {
 			p.State = Pending
 			break
 		}
 		p.State = Blocked
-		var parts []string
-		for _, b := range p.Blockers {
-			parts = append(parts, b.String())
-		}
-		p.Reason = fmt.Sprintf("VFs in use: %s (the kernel destroys every VF of the PF on a change; it is made once these claims are unprepared and deallocated, and no process holds a VF open)", strings.Join(parts, "; "))
+		p.Reason = strings.Join(why, "; and ")
 	}
 	return p
 }
@@ -342,7 +359,9 @@ type Options struct {
 	// check and the writes.
 	Exclusive func(ctx context.Context, fn func(prepared map[string]string) error) error
 	// Allocated lists this node's devices allocated to claims (device name
-	// -> claim); nil: not checked.
+	// -> claim); nil: not checked. It must return in bounded time (Apply
+	// calls it under the node lock every prepare waits for), and its error
+	// is shown as the reason a change waits, so it should name the fix.
 	Allocated func(ctx context.Context) (map[string]string, error)
 	// Holders says who holds /dev/vfio group nodes open (nil: not checked).
 	Holders func(nodes []string) (map[string][]string, error)
@@ -360,6 +379,8 @@ type Reconciler struct {
 	// said: PF -> the last state line logged, so a state is reported once.
 	said    map[string]string
 	waiting bool
+	// listErr is the last error listing the claims, logged once.
+	listErr string
 }
 
 // New returns a Reconciler.
@@ -397,16 +418,21 @@ func (r *Reconciler) Plan(ctx context.Context, cfg *nodeconfig.Config, pfs []sys
 		if r.opts.Allocated != nil {
 			a, err := r.opts.Allocated(ctx)
 			if err != nil {
-				// Unknown usage must not let a change through: treat as blocked.
-				logger.Error(err, "Cannot list ResourceClaims; VF count changes wait")
-				a = map[string]string{}
-				for _, p := range Plans(cfg, pfs, r.opts.Sysfs, Usage{}) {
-					for _, addr := range p.VFs {
-						if n, err := discovery.DeviceName(addr); err == nil {
-							a[n] = "(unknown: ResourceClaims cannot be listed: " + err.Error() + ")"
-						}
-					}
+				// Unknown usage must not let a change through: the PFs with
+				// VFs are planned Blocked, naming this error. Logged when it
+				// changes: it recurs every retry interval while the API fails.
+				r.mu.Lock()
+				again := r.listErr == err.Error()
+				r.listErr = err.Error()
+				r.mu.Unlock()
+				if !again {
+					logger.Error(err, "Cannot list ResourceClaims; VF count changes wait")
 				}
+				use.Unlisted = err
+			} else {
+				r.mu.Lock()
+				r.listErr = ""
+				r.mu.Unlock()
 			}
 			use.Allocated = a
 		}
@@ -432,7 +458,11 @@ func (r *Reconciler) Plan(ctx context.Context, cfg *nodeconfig.Config, pfs []sys
 			// comes on a later pass; from 0 there is nothing to taint.
 			logger.Info("VF count change due", "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "taintedFirst", p.Current > 0)
 		case Blocked:
-			logger.Info("VF count change waits for claims", "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "blockers", blockerNames(p.Blockers), "reason", p.Reason)
+			msg := "VF count change waits for claims"
+			if len(p.Blockers) == 0 {
+				msg = "VF count change waits until ResourceClaims can be listed"
+			}
+			logger.Info(msg, "pf", p.PF, "pfName", p.PFName, "current", p.Current, "desired", p.Desired, "blockers", blockerNames(p.Blockers), "reason", p.Reason)
 			r.event(corev1.EventTypeWarning, ReasonBlocked, line)
 		case Refused:
 			logger.Error(errors.New(p.Reason), "VF count change refused; nothing changed", "pf", p.PF, "pfName", p.PFName, "desired", p.Desired)
@@ -480,7 +510,8 @@ func (r *Reconciler) event(kind, reason, msg string) {
 
 // Apply makes the pending changes of plans, after their published taints:
 // a PF with VFs changes only on a pass after the one whose publication
-// tainted them. It returns whether any PF's VFs changed.
+// tainted them, and only if the caller did not mark the plan
+// AwaitingTaints. It returns whether any PF's VFs changed.
 func (r *Reconciler) Apply(ctx context.Context, plans []Plan) bool {
 	logger := klog.FromContext(ctx)
 	changed := false
@@ -497,8 +528,8 @@ func (r *Reconciler) Apply(ctx context.Context, plans []Plan) bool {
 		if p.State != Pending {
 			continue
 		}
-		if d, ok := tainted[p.PF]; p.Current > 0 && (!ok || d != p.Desired) {
-			continue // tainted by this pass: applied on the next
+		if d, ok := tainted[p.PF]; p.Current > 0 && (!ok || d != p.Desired || p.AwaitingTaints != "") {
+			continue // tainted by this pass, or not yet in the API server: a later pass
 		}
 		did, err := r.apply(ctx, p)
 		var blocked *BlockedError
@@ -556,9 +587,11 @@ func (r *Reconciler) apply(ctx context.Context, p Plan) (bool, error) {
 		if use.Held, err = HeldVFs(vfs, r.opts.Holders); err != nil {
 			return fmt.Errorf("PF %s: cannot tell whether a process holds its VFs open (%w); not changing them", p.PF, err)
 		}
-		if r.opts.Allocated != nil {
+		// Without VFs no claim can hold one: a failing API server does
+		// not stop VFs from being created.
+		if r.opts.Allocated != nil && len(vfs) > 0 {
 			if use.Allocated, err = r.opts.Allocated(ctx); err != nil {
-				return fmt.Errorf("PF %s: cannot tell whether its VFs are allocated (list ResourceClaims: %w); not changing them", p.PF, err)
+				return fmt.Errorf("PF %s: cannot tell whether its VFs are allocated (%w); not changing them until ResourceClaims can be listed", p.PF, err)
 			}
 		}
 		if bs := blockers(&sysfs.PF{VFs: vfs}, use); len(bs) > 0 {

@@ -42,6 +42,8 @@ type env struct {
 	mu        sync.Mutex
 	prepared  map[string]string // VF address -> claim
 	allocated map[string]string // device name -> claim
+	// list, if set, answers Allocated instead of allocated (an API client).
+	list func(context.Context) (map[string]string, error)
 }
 
 func newEnv(t *testing.T, spec simhost.Spec, config string) *env {
@@ -66,7 +68,10 @@ func newEnv(t *testing.T, spec simhost.Spec, config string) *env {
 			e.mu.Unlock()
 			return fn(prepared)
 		},
-		Allocated: func(context.Context) (map[string]string, error) {
+		Allocated: func(ctx context.Context) (map[string]string, error) {
+			if e.list != nil {
+				return e.list(ctx)
+			}
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return clone(e.allocated), nil
@@ -83,7 +88,7 @@ func newEnv(t *testing.T, spec simhost.Spec, config string) *env {
 		},
 	})
 	e.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: h.Sysfs(), Publisher: e.pub,
-		LoadConfig: func() (*nodeconfig.Config, error) { return e.cfg, nil }, VFCount: e.rec})
+		LoadConfig: func() (*nodeconfig.Config, error) { return e.cfg, nil }, VFCount: e.rec, PublishedSlices: e.pub.PublishedSlices})
 	return e
 }
 
@@ -158,17 +163,72 @@ func (e *env) drainEvents() []string {
 	}
 }
 
-// publisher records every publication.
+// publisher records every publication and stands in for the API server
+// behind the asynchronous ResourceSlice controller: PublishedSlices shows a
+// publication only from the (lag+1)th read after it (lag 0: at once).
 type publisher struct {
 	mu   sync.Mutex
 	pubs []resourceslice.DriverResources
+	// lag applies to publications from now on; readErr fails reads; extra
+	// slices are shown with every read (a stale generation).
+	lag     int
+	readErr error
+	extra   []resourceapi.ResourceSlice
+	queued  []queuedPub
+	shown   *resourceslice.DriverResources
+	reads   int
+}
+
+type queuedPub struct {
+	res    resourceslice.DriverResources
+	hidden int // reads it stays unseen
 }
 
 func (p *publisher) PublishResources(_ context.Context, r resourceslice.DriverResources) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pubs = append(p.pubs, r)
+	p.queued = append(p.queued, queuedPub{res: r, hidden: p.lag})
 	return nil
+}
+
+// PublishedSlices is what the driver reads back (plugin.PublishedSlices).
+func (p *publisher) PublishedSlices(context.Context) ([]resourceapi.ResourceSlice, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reads++
+	if p.readErr != nil {
+		return nil, p.readErr
+	}
+	for len(p.queued) > 0 && p.queued[0].hidden <= 0 {
+		p.shown = &p.queued[0].res
+		p.queued = p.queued[1:]
+	}
+	for i := range p.queued {
+		p.queued[i].hidden--
+	}
+	out := slices.Clone(p.extra)
+	if p.shown != nil {
+		out = append(out, vfslices.ResourceSlices(discovery.DriverName, "node-1", *p.shown)...)
+	}
+	return out, nil
+}
+
+// apiCountTaints is the count taint of every device the last read showed,
+// by name ("" untainted), without reading.
+func (p *publisher) apiCountTaints() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]string{}
+	if p.shown == nil {
+		return out
+	}
+	for _, s := range p.shown.Pools["node-1"].Slices {
+		for _, d := range s.Devices {
+			out[d.Name] = countTaint(d)
+		}
+	}
+	return out
 }
 
 // last returns the last publication's devices by name.
@@ -486,7 +546,7 @@ func newEnvOn(t *testing.T, e *env, config string) *env {
 	r.rec = vfcount.New(vfcount.Options{NodeName: "node-1", Sysfs: e.h.Sysfs(), Writer: e.h.Kernel(), Events: r.events,
 		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error { return fn(nil) }})
 	r.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: r.pub,
-		LoadConfig: func() (*nodeconfig.Config, error) { return r.cfg, nil }, VFCount: r.rec})
+		LoadConfig: func() (*nodeconfig.Config, error) { return r.cfg, nil }, VFCount: r.rec, PublishedSlices: r.pub.PublishedSlices})
 	return r
 }
 

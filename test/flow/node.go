@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -50,6 +52,7 @@ type Node struct {
 	// healthAddr is where this node's driver serves its probes.
 	healthAddr string
 	extraArgs  []string
+	apiServer  *APIServer
 
 	cancelKubelet context.CancelFunc
 	kubeletDone   chan struct{}
@@ -73,6 +76,16 @@ type NodeOptions struct {
 	// ExtraDriverArgs are appended to the DaemonSet's driver flags (a later
 	// flag wins), e.g. a short --rescan-interval.
 	ExtraDriverArgs []string
+	// DriverAPIServer, if set, is the API server the driver's kubeconfig
+	// names instead of the plane's: a test's proxy in front of it. The
+	// driver's token, and so its RBAC, stay the real ones.
+	DriverAPIServer *APIServer
+}
+
+// APIServer is an https endpoint and the PEM CA bundle that verifies it.
+type APIServer struct {
+	URL    string
+	CAData []byte
 }
 
 // AddNode builds the simulated host, creates the Node and the driver pod,
@@ -82,7 +95,7 @@ func (e *Env) AddNode(ctx context.Context, o NodeOptions) (_ *Node, retErr error
 	n := &Node{env: e, Name: o.Name, Dir: dir,
 		RegistrarDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "plugin"),
 		CDIDir: filepath.Join(dir, "cdi"), PodsDir: filepath.Join(dir, "pods"),
-		NodeConfig: filepath.Join(dir, "node-config.yaml"), extraArgs: o.ExtraDriverArgs}
+		NodeConfig: filepath.Join(dir, "node-config.yaml"), extraArgs: o.ExtraDriverArgs, apiServer: o.DriverAPIServer}
 	for _, d := range []string{n.RegistrarDir, n.PluginDir, n.CDIDir, n.PodsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -250,7 +263,12 @@ func (n *Node) StartDriver(ctx context.Context) error {
 		return err
 	}
 	kubeconfig := filepath.Join(n.Dir, "driver.kubeconfig")
-	if err := n.env.Plane.WriteKubeconfig(kubeconfig, token); err != nil {
+	if n.apiServer != nil {
+		err = writeKubeconfig(kubeconfig, n.apiServer, token)
+	} else {
+		err = n.env.Plane.WriteKubeconfig(kubeconfig, token)
+	}
+	if err != nil {
 		return err
 	}
 	if n.healthAddr == "" {
@@ -338,6 +356,44 @@ func (n *Node) StopDriver(kill bool) error {
 		return fmt.Errorf("node %s: vfnet-driver did not stop cleanly on SIGTERM: %v\n%s", n.Name, err, n.DriverLog(3000))
 	}
 	return nil
+}
+
+// writeKubeconfig writes a kubeconfig at path that reaches api with token.
+func writeKubeconfig(path string, api *APIServer, token string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["vfnet"] = &clientcmdapi.Cluster{Server: api.URL, CertificateAuthorityData: api.CAData}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["vfnet"] = &clientcmdapi.Context{Cluster: "vfnet", AuthInfo: "user"}
+	cfg.CurrentContext = "vfnet"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("write kubeconfig %s for API server %s: %w", path, api.URL, err)
+	}
+	return nil
+}
+
+// DriverRunning returns nil while the driver started last still runs, and
+// otherwise how it ended with its log's tail: a test that expects the
+// driver to ride out a failure checks it.
+func (n *Node) DriverRunning() error {
+	n.mu.Lock()
+	cmd, done, log := n.driver, n.drvDone, n.drvLog
+	n.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("node %s: no driver started (or it was stopped)", n.Name)
+	}
+	select {
+	case <-done:
+	default:
+		return nil
+	}
+	n.mu.Lock()
+	err := n.drvErr
+	n.mu.Unlock()
+	data, _ := os.ReadFile(log)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return fmt.Errorf("node %s: vfnet-driver (pid %d) exited: %v\n--- vfnet-driver log ---\n%s", n.Name, cmd.Process.Pid, err, data)
 }
 
 // MetricsURL is the driver's Prometheus endpoint (on its health server, as

@@ -272,7 +272,7 @@ type driverFlags struct {
 	kubeletPodsDir, procRoot, bindingName            string
 	healthAddr, hostNetns                            string
 	simulate                                         bool
-	pendingInterval                                  time.Duration
+	pendingInterval, claimsListTimeout               time.Duration
 }
 
 func runDriver(args []string, stderr io.Writer, sim Simulator) int {
@@ -287,6 +287,7 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	fs.DurationVar(&f.rescan, "rescan-interval", 30*time.Second, "how often to rescan sysfs and the node configuration")
 	fs.DurationVar(&f.healthInterval, "health-interval", 10*time.Second, "how often to re-check PF presence and link state for device health")
 	fs.DurationVar(&f.pendingInterval, "vf-count-retry-interval", 5*time.Second, "how often to re-check a VF count change (numVFs) that waits for claims, or for its taints to be published")
+	fs.DurationVar(&f.claimsListTimeout, "claims-list-timeout", vfcount.DefaultListTimeout, "how long listing ResourceClaims for a VF count change (numVFs) may take before the change waits for the next try; the last list runs under the lock prepare takes, so keep it well under the kubelet's 45 s prepare timeout")
 	fs.StringVar(&f.registrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
 	fs.StringVar(&f.pluginDir, "plugin-dir", "/var/lib/kubelet/plugins/"+discovery.DriverName, "plugin data directory (DRA socket, checkpoint, device metadata)")
 	fs.StringVar(&f.cdiRoot, "cdi-root", "/var/run/cdi", "CDI spec directory (alias --cdi-dir)")
@@ -389,8 +390,8 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
-	if f.rescan <= 0 || f.healthInterval <= 0 || f.pendingInterval <= 0 {
-		return errors.New("--rescan-interval, --health-interval and --vf-count-retry-interval must be positive")
+	if f.rescan <= 0 || f.healthInterval <= 0 || f.pendingInterval <= 0 || f.claimsListTimeout <= 0 {
+		return errors.New("--rescan-interval, --health-interval, --vf-count-retry-interval and --claims-list-timeout must be positive")
 	}
 	// A broken configuration must stop the rollout, not publish nothing.
 	if _, err := loadConfig(f.config); err != nil {
@@ -493,7 +494,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error {
 			return state.Exclusive(ctx, func(cp *checkpoint.File) error { return fn(prepare.PreparedVFs(cp)) })
 		},
-		Allocated: vfcount.APIAllocated(kube, discovery.DriverName, f.nodeName),
+		Allocated: vfcount.APIAllocated(kube, discovery.DriverName, f.nodeName, f.claimsListTimeout),
 	})
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: f.nodeName, KubeClient: kube,
@@ -513,6 +514,8 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
 		OnPublish:  mx.Published,
 		VFCount:    counts, PendingInterval: f.pendingInterval,
+		// A count change waits until the API server shows its taints.
+		PublishedSlices: p.PublishedSlices,
 	})
 	published.Store(loop)
 	// The first publish waits for the ResourceSlice informer to sync; a
