@@ -101,7 +101,52 @@ func ApplyInterfacesCached(ctx context.Context, domainXML []byte, ifaces []vmivi
 		wanted = append(wanted, h)
 		logger.V(2).Info("VF hostdev for interface", "interface", ci.Interface.Name, "claim", ci.PodClaimName, "request", ci.RequestName, "pciBusID", h.source)
 	}
-	return doc.splice(domainXML, wanted, cache)
+	return doc.splice(domainXML, wanted, cache, doc.keepHotpluggable(logger, wanted))
+}
+
+// keepHotpluggable returns the edits that remove hotplug="off" from the
+// pcie-root-port of each VF: the bus of the interface's pciAddress, or the
+// bus libvirt gave the hostdev this call replaces (a launcher hands back
+// what libvirt read back). KubeVirt after v1.9.0 (PR 17605) switches off
+// hot-plug on root ports that hold a non-interface device, and the VF is a
+// hostdev; but its migration source detaches the VF by alias and the
+// target hot-plugs it again, both of which libvirt refuses on such a port
+// (and libvirt may place the VF there again when this call drops its
+// address). A port that another device shares keeps KubeVirt's setting.
+func (d *document) keepHotpluggable(logger klog.Logger, wanted []hostdev) []edit {
+	if len(d.offPorts) == 0 {
+		return nil
+	}
+	ours := make(map[string]bool, len(wanted))
+	vfBus := map[int]string{}
+	for _, h := range wanted {
+		ours[h.alias] = true
+		if h.key.hasGuest && h.key.guest.Domain == 0 {
+			vfBus[int(h.key.guest.Bus)] = h.alias
+		}
+	}
+	for _, e := range d.hostdevs {
+		if _, seen := vfBus[e.guestBus]; ours[e.alias] && e.guestBus >= 0 && !seen {
+			vfBus[e.guestBus] = e.alias
+		}
+	}
+	shared := map[int]bool{}
+	for _, u := range d.pciUsers {
+		if !u.hostdev || !ours[u.alias] {
+			shared[u.bus] = true
+		}
+	}
+	var edits []edit
+	for _, p := range d.offPorts {
+		alias, vf := vfBus[p.index]
+		if !vf || shared[p.index] {
+			continue
+		}
+		edits = append(edits, edit{start: p.attrStart, end: p.attrEnd})
+		logger.Info("Removed hotplug=\"off\" from the VF's pcie-root-port: the migration source detaches the VF by alias, which needs a hot-pluggable port",
+			"rootPortIndex", p.index, "hostdev", alias)
+	}
+	return edits
 }
 
 // describe names an interface and its claim request for error messages.

@@ -85,12 +85,12 @@ func TestHostdevCacheMatchesMarshal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			plain, err := doc.splice([]byte(d), want, nil)
+			plain, err := doc.splice([]byte(d), want, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for call := range 2 {
-				got, err := doc.splice([]byte(d), want, cache)
+				got, err := doc.splice([]byte(d), want, cache, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

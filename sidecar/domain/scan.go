@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -22,12 +23,31 @@ type document struct {
 	childWS       string // whitespace right before the first child of <devices>
 	domainClose   int    // '<' of </domain>
 	hostdevs      []existingHostdev
+	// pciUsers are the children of <devices> with a guest PCI address.
+	pciUsers []pciUser
+	// offPorts are the pcie-root-ports whose <target> has hotplug="off".
+	offPorts []offPort
 }
 
 type existingHostdev struct {
 	start, end int
 	wsStart    int // start of the whitespace run that precedes the element
 	alias      string
+	guestBus   int // bus of its guest PCI <address>, -1 without one
+}
+
+// pciUser is a device on a guest PCI bus; alias is set for a hostdev.
+type pciUser struct {
+	bus     int
+	hostdev bool
+	alias   string
+}
+
+// offPort is a pcie-root-port with hotplug="off"; [attrStart, attrEnd) is
+// the attribute with the whitespace before it.
+type offPort struct {
+	index              int
+	attrStart, attrEnd int
 }
 
 type wsRun struct {
@@ -71,6 +91,9 @@ func scan(data []byte) (*document, error) {
 		inDevices bool
 		children  int
 		cur       *existingHostdev
+		user      pciUser // the current child of <devices>
+		port      *offPort
+		portIndex int // index of the current pcie-root-port, -1 in another child
 		prev      wsRun
 		open      []xml.Name // enclosing elements, for the nesting check
 	)
@@ -115,17 +138,35 @@ func scan(data []byte) (*document, error) {
 					doc.childWS = ws.str(data)
 				}
 				children++
+				user, port, portIndex = pciUser{bus: -1}, nil, -1
 				if t.Name.Local == "hostdev" && t.Name.Space == "" {
-					cur = &existingHostdev{start: off, wsStart: off}
+					cur = &existingHostdev{start: off, wsStart: off, guestBus: -1}
 					if ws.ok {
 						cur.wsStart = ws.start
 					}
+					user.hostdev = true
+				}
+				if t.Name.Local == "controller" && t.Name.Space == "" && attr(t, "type") == "pci" && attr(t, "model") == "pcie-root-port" {
+					portIndex = parseNumber(attr(t, "index"), 10)
 				}
 			case 4:
-				if cur != nil && t.Name.Local == "alias" && t.Name.Space == "" {
-					for _, a := range t.Attr {
-						if a.Name.Local == "name" && a.Name.Space == "" {
-							cur.alias = a.Value
+				if !inDevices || t.Name.Space != "" {
+					break
+				}
+				switch t.Name.Local {
+				case "alias":
+					if cur != nil {
+						cur.alias = attr(t, "name")
+						user.alias = cur.alias
+					}
+				case "address":
+					if attr(t, "type") == "pci" {
+						user.bus = parseNumber(attr(t, "bus"), 0)
+					}
+				case "target":
+					if portIndex >= 0 && attr(t, "hotplug") == "off" {
+						if s, e, ok := attrSpan(data[off:end], "hotplug"); ok {
+							port = &offPort{index: portIndex, attrStart: off + s, attrEnd: off + e}
 						}
 					}
 				}
@@ -154,9 +195,15 @@ func scan(data []byte) (*document, error) {
 				if inDevices {
 					doc.insertAt = end
 					if cur != nil {
-						cur.end = end
+						cur.end, cur.guestBus = end, user.bus
 						doc.hostdevs = append(doc.hostdevs, *cur)
 						cur = nil
+					}
+					if user.bus >= 0 {
+						doc.pciUsers = append(doc.pciUsers, user)
+					}
+					if port != nil {
+						doc.offPorts = append(doc.offPorts, *port)
 					}
 				}
 			}
@@ -180,6 +227,67 @@ func scan(data []byte) (*document, error) {
 		return nil, errors.New("domain XML has no <domain> element")
 	}
 	return doc, nil
+}
+
+// attr is the value of an unprefixed attribute of a raw start element.
+func attr(t xml.StartElement, name string) string {
+	for _, a := range t.Attr {
+		if a.Name.Local == name && a.Name.Space == "" {
+			return a.Value
+		}
+	}
+	return ""
+}
+
+// parseNumber parses a PCI bus or controller index ("0x05", "5"), -1 when
+// it is none.
+func parseNumber(s string, base int) int {
+	n, err := strconv.ParseUint(s, base, 16)
+	if err != nil {
+		return -1
+	}
+	return int(n)
+}
+
+// attrSpan finds the unprefixed attribute name in tag, the raw bytes of a
+// well-formed start element, and returns the span from the whitespace
+// before it to past its closing quote.
+func attrSpan(tag []byte, name string) (start, end int, ok bool) {
+	isWS := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+	i := 1
+	for i < len(tag) && !isWS(tag[i]) && tag[i] != '/' && tag[i] != '>' {
+		i++
+	}
+	for i < len(tag) {
+		ws := i
+		for i < len(tag) && isWS(tag[i]) {
+			i++
+		}
+		if i >= len(tag) || tag[i] == '/' || tag[i] == '>' {
+			return 0, 0, false
+		}
+		n := i
+		for i < len(tag) && tag[i] != '=' && !isWS(tag[i]) {
+			i++
+		}
+		key := string(tag[n:i])
+		for i < len(tag) && (isWS(tag[i]) || tag[i] == '=') {
+			i++
+		}
+		if i >= len(tag) {
+			return 0, 0, false
+		}
+		q := tag[i]
+		closing := bytes.IndexByte(tag[i+1:], q)
+		if closing < 0 {
+			return 0, 0, false
+		}
+		i += closing + 2
+		if key == name {
+			return ws, i, true
+		}
+	}
+	return 0, 0, false
 }
 
 // qname is a raw name as written, prefix:local.
@@ -274,8 +382,9 @@ func (m *marshaller) marshal(h hostdev, prefix string) ([]byte, error) {
 
 // splice writes wanted into data: a hostdev whose alias is already present
 // replaces the first such element in place (later duplicates are removed);
-// the others are appended after the last child of <devices>.
-func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache) ([]byte, error) {
+// the others are appended after the last child of <devices>. The extra
+// edits (keepHotpluggable's) are applied with them.
+func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache, extra []edit) ([]byte, error) {
 	closeIndent, pretty := afterNewline(d.closeWS)
 	childIndent, ok := afterNewline(d.childWS)
 	if !ok {
@@ -311,7 +420,7 @@ func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache) ([
 		}
 		return b, err
 	}
-	var edits []edit
+	edits := extra
 	for _, e := range d.hostdevs {
 		i, ours := byAlias[e.alias]
 		if !ours {

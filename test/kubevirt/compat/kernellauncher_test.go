@@ -9,11 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	v1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/drameta"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/guestvmi"
@@ -36,6 +39,24 @@ const launcherUID = 107
 const kernelLauncherScript = `set -eu
 mount --make-rprivate /
 mount -t tmpfs -o mode=0755 tmpfs /run
+# The launcher pod's /dev as its container runtime makes it (a tmpfs with
+# the default nodes), plus what KubeVirt's device plugins give it: under
+# useEmulation virt-controller requests no kvm (KVM=none); KVM=unusable adds
+# a node uid 107 cannot open (root 0600), the shape of a node's own /dev/kvm
+# where KVM is root-only or absent (then the node opens with ENXIO).
+mount -t tmpfs -o mode=0755,nosuid tmpfs "$T/dev"
+for n in null zero full random urandom tty; do : >"$T/dev/$n"; mount --bind "/dev/$n" "$T/dev/$n"; done
+mkdir "$T/dev/pts" "$T/dev/shm"
+mount --bind /dev/pts "$T/dev/pts"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$T/dev/shm"
+ln -s pts/ptmx "$T/dev/ptmx"
+ln -s /proc/self/fd "$T/dev/fd"
+case "$KVM" in
+none) ;;
+unusable) mknod -m 0600 "$T/dev/kvm" c 10 232 ;;
+*) echo "KVM=$KVM: want none or unusable" >&2; exit 2 ;;
+esac
+mount --move "$T/dev" /dev
 mount --bind "$T/passwd" /etc/passwd
 mount --bind "$T/group" /etc/group
 for p in kubevirt-private:private kubevirt-hooks:hooks kubevirt:kubevirt kubevirt-kernel-boot:kb kubernetes.io/dra-device-attributes:meta; do
@@ -151,7 +172,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	if err := guestvmi.Write(filepath.Join(tmp, "vmi.json"), vmi); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"private", "hooks/hook-sidecar-0", "kubevirt", "kb/boot", "xdg", "home"} {
+	for _, d := range []string{"private", "hooks/hook-sidecar-0", "kubevirt", "kb/boot", "xdg", "home", "dev"} {
 		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -195,19 +216,116 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 		"XDG_CACHE_HOME="+filepath.Join(tmp, "home/.cache"),
 		"HOME="+filepath.Join(tmp, "home"),
 	)
-	// v1.9.0's allocateHotplugPorts, then main's (-v110, PR 17605).
+	// v1.9.0's allocateHotplugPorts, then main's (-v110, PR 17605), in a
+	// launcher pod without /dev/kvm (useEmulation). Then v1.9.0 where the
+	// pod's /dev has a kvm node uid 107 cannot open, as the host's own
+	// node is on many machines: the launcher must still emulate, or the
+	// uid-107 libvirtd refuses the domain ("does not support virt type
+	// 'kvm'").
 	for _, v := range []struct {
-		name  string
-		extra []string
-	}{{"v1.9.0", nil}, {"main", []string{"-v110"}}} {
+		name, kvm, why string
+		extra          []string
+	}{
+		{"v1.9.0", "none", `"/dev/kvm absent: emulation"`, nil},
+		{"main", "none", `"/dev/kvm absent: emulation"`, []string{"-v110"}},
+		{"v1.9.0-unusable-kvm-node", "unusable", `"/dev/kvm not usable by uid 107 (`, nil},
+	} {
 		t.Run(v.name, func(t *testing.T) {
-			runKernelLauncher(t, tmp, env, bdf, filepath.Join("/var/run/kubevirt", "domain-"+v.name+".xml"), filepath.Join(tmp, "kubevirt", "domain-"+v.name+".xml"), v.extra...)
+			env := append(env[:len(env):len(env)], "KVM="+v.kvm)
+			output := runKernelLauncher(t, tmp, env, bdf, filepath.Join("/var/run/kubevirt", "domain-"+v.name+".xml"), filepath.Join(tmp, "kubevirt", "domain-"+v.name+".xml"), v.extra...)
+			if !strings.Contains(output, "hypervisor-device="+v.why) {
+				t.Errorf("the convert step does not say hypervisor-device=%s", v.why)
+			}
+		})
+	}
+	// Main's step where it takes effect: a root port's bus from its index,
+	// libvirt's rule, instead of the busNr libvirt never writes (the "main"
+	// case: nothing switched off). The step sees the VF's guest address
+	// the two ways KubeVirt's code has it: libvirt's read-back after a
+	// define without placeholders (d021b4c56e; the slot-count annotation
+	// leaves none), and the interface's pciAddress, which vfnet-binding
+	// writes on every define. Either way the step switches the VF's port
+	// off and vfnet-binding must turn it back; then two started twins of
+	// the domain take the migration's detach by alias and the re-attach.
+	if err := writeQEMUConf(tmp); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		mod  func(*v1.VirtualMachineInstance)
+		bus  int // the VF's guest bus when the VMI fixes it
+	}{
+		{"main-bus-known-no-placeholders", func(vmi *v1.VirtualMachineInstance) {
+			if vmi.Annotations == nil {
+				vmi.Annotations = map[string]string{}
+			}
+			vmi.Annotations[v1.PciInterfaceSlotCountAnnotation] = "1"
+		}, -1},
+		{"main-bus-known-pciAddress", func(vmi *v1.VirtualMachineInstance) {
+			for i, iface := range vmi.Spec.Domain.Devices.Interfaces {
+				if iface.Name == "physnet-a" {
+					vmi.Spec.Domain.Devices.Interfaces[i].PciAddress = "0000:02:00.0"
+				}
+			}
+		}, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := vmi
+			f.VMI = vmi.VMI.DeepCopy()
+			c.mod(f.VMI)
+			vmiFile := filepath.Join(tmp, "vmi-"+c.name+".json")
+			if err := guestvmi.Write(vmiFile, f); err != nil {
+				t.Fatal(err)
+			}
+			hostOut := filepath.Join(tmp, "kubevirt", "domain-"+c.name+".xml")
+			output := runKernelLauncher(t, tmp, append(env[:len(env):len(env)], "KVM=none"), bdf, filepath.Join("/var/run/kubevirt", "domain-"+c.name+".xml"), hostOut,
+				"-vmi", vmiFile, "-v110", "-v110-root-port-bus", "index", "-hotplug-check", "-firmware-dirs", kernelEnv["QEMU_DATA"])
+			s := parseV110(t, output)
+			if s.busKey != "index" || s.vfBus < 0 || !slices.Contains(s.off, s.vfBus) {
+				t.Fatalf("the step (bus-key=%s) switched off %v, not the VF's port %d: this case no longer tests what it is for", s.busKey, s.off, s.vfBus)
+			}
+			if slices.Contains(s.offAfterHooks, s.vfBus) {
+				t.Errorf("vfnet-binding left hotplug='off' on the VF's port %d", s.vfBus)
+			}
+			for _, p := range s.off {
+				if p != s.vfBus && !slices.Contains(s.offAfterHooks, p) {
+					t.Errorf("vfnet-binding turned hot-plug back on for port %d, which is not the VF's", p)
+				}
+			}
+			defined, err := os.ReadFile(hostOut + ".defined")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := pcieports.Analyze(defined)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.bus >= 0 && (s.vfBus != c.bus || rep.Hostdevs["ua-sriov-physnet-a"] != c.bus) {
+				t.Errorf("the VF is on bus %d (the step saw %d), want its pciAddress's %d", rep.Hostdevs["ua-sriov-physnet-a"], s.vfBus, c.bus)
+			}
+			m := regexp.MustCompile(`(?m)^VFNET-LAUNCHER step hotplug-check \S+ alias=ua-sriov-physnet-a vf-bus=(\d+) detach=(.*) reattach=(.*) reattach-bus=(-?\d+)$`).FindStringSubmatch(output)
+			if m == nil {
+				t.Fatalf("no hotplug-check step line")
+			}
+			if m[2] != "accepted" || m[3] != "accepted" {
+				t.Errorf("on the started twins, libvirt answered the VF's detach by alias with %q and its re-attach with %q; both must be accepted", m[2], m[3])
+			}
+			bus, _ := strconv.Atoi(m[4])
+			port, ok := rep.Port(bus)
+			switch {
+			case !ok:
+				t.Errorf("the re-attached NIC is on bus %d, no pcie-root-port", bus)
+			case port.Hotplug == "off":
+				t.Errorf("the re-attached NIC is on root port %d, which is hotplug='off'", bus)
+			case c.bus >= 0 && bus != c.bus:
+				t.Errorf("the re-attached NIC is on bus %d, want its pciAddress's %d", bus, c.bus)
+			}
 		})
 	}
 	// The migration target's preparation: the hooks run on the converted
 	// domain and nothing is defined.
 	t.Run("migration-target", func(t *testing.T) {
-		output := execKernelLauncher(t, tmp, env, "-migration-target")
+		output := execKernelLauncher(t, tmp, append(env[:len(env):len(env)], "KVM=none"), "-migration-target")
 		for _, want := range []string{"step hook-collect ", "step target-hooks "} {
 			if !strings.Contains(output, want) {
 				t.Errorf("output lacks %q", want)
@@ -246,7 +364,7 @@ func execKernelLauncher(t *testing.T, tmp string, env []string, args ...string) 
 // runKernelLauncher runs the launcher with its extra flags, writing
 // the domain to out (the launcher's view) = hostOut (the test's), and checks
 // the defined domain.
-func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut string, extra ...string) {
+func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut string, extra ...string) string {
 	output := execKernelLauncher(t, tmp, env, append([]string{"-define-only", "-cleanup", "-out", out}, extra...)...)
 	steps := map[string]bool{}
 	stepRE := regexp.MustCompile(`(?m)^VFNET-LAUNCHER step (\S+) (\S+)`)
@@ -258,15 +376,24 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 	}
 	// v1.9.0 with one binding interface: 3 placeholders, then the domain
 	// without them, then the extra root ports: three defines, each through
-	// the hooks.
-	for _, s := range []string{"vmi", "kernel-boot-links", "private-dir", "convert", "libvirt-connect", "hook-collect", "lookup",
-		"define-1", "define-2", "define-3", "allocate-hotplug-ports", "write-defined"} {
+	// the hooks. A slot-count annotation that leaves no placeholder drops
+	// the first.
+	defines := 3
+	if strings.Contains(output, "VFNET-LAUNCHER hotplug placeholders=0 ") {
+		defines = 2
+	}
+	want := []string{"vmi", "kernel-boot-links", "private-dir", "convert", "libvirt-connect", "hook-collect", "lookup",
+		"allocate-hotplug-ports", "write-defined"}
+	for i := 1; i <= defines; i++ {
+		want = append(want, fmt.Sprintf("define-%d", i))
+	}
+	for _, s := range want {
 		if !steps[s] {
 			t.Errorf("no step line for %s", s)
 		}
 	}
-	if steps["define-4"] || steps["start"] || steps["write-live"] {
-		t.Errorf("more than three defines, or a start with -define-only")
+	if steps[fmt.Sprintf("define-%d", defines+1)] || steps["start"] || steps["write-live"] {
+		t.Errorf("more than %d defines, or a start with -define-only", defines)
 	}
 	for _, want := range []string{"change: containerDisk disk+volume containerdisk replaced by spec.domain.firmware.kernelBoot", "change: spec.domain.memory.guest 1Gi -> 256Mi"} {
 		if !strings.Contains(output, want) {
@@ -322,12 +449,94 @@ func runKernelLauncher(t *testing.T, tmp string, env []string, bdf, out, hostOut
 	if got != bdf {
 		t.Errorf("hostdev source %s, want the metadata's %s", got, bdf)
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil && dom.Attr("type") != "qemu" {
-		t.Errorf("domain type %q, want qemu (useEmulation without /dev/kvm)", dom.Attr("type"))
+	// No launcher pod here is given a usable /dev/kvm.
+	if dom.Attr("type") != "qemu" {
+		t.Errorf("domain type %q, want qemu (useEmulation, no usable /dev/kvm)", dom.Attr("type"))
 	}
-	if len(extra) > 0 && !strings.Contains(output, "VFNET-LAUNCHER v110 ") {
-		t.Errorf("-v110 printed no v110 line")
+	if slices.Contains(extra, "-v110") {
+		checkV110(t, output, rep)
 	}
+	return output
+}
+
+// v110Step is what -v110 printed: the step's decision and what the
+// sidecars left of it.
+type v110Step struct {
+	busKey             string
+	withBusNr          int
+	sidecars           int
+	off, offAfterHooks []int
+	vfBus              int // the VF hostdev's guest bus in the spec the step saw, -1 for none
+}
+
+var (
+	v110RE      = regexp.MustCompile(`(?m)^VFNET-LAUNCHER v110 bus-key=(\S+) root-ports=\d+ with-busNr=(\d+) hotplug-off=\[([\d ]*)\] vf-hostdev-guest-bus-in-spec=(\S+)$`)
+	v110HooksRE = regexp.MustCompile(`(?m)^VFNET-LAUNCHER v110 hooks-returned sidecars=(\d+) hotplug-off=\[([\d ]*)\]$`)
+)
+
+// checkV110 checks main's hotplug='off' step (PR 17605) in a -v110 run:
+// libvirt gave no root port a busNr, vfnet-binding saw the step's domain,
+// and the defined domain has no root port that KubeVirt's migration would
+// trip on: the VF's port hot-pluggable, and no free port switched off (a
+// port the VF left would be lost to the re-attach: libvirt refuses a
+// hot-plug there).
+func checkV110(t *testing.T, output string, rep pcieports.Report) {
+	t.Helper()
+	s := parseV110(t, output)
+	// libvirt refuses a busNr on a pcie-root-port and writes none back.
+	if s.withBusNr != 0 {
+		t.Errorf("with-busNr=%d: libvirt gave a pcie-root-port a busNr; PR 17605 as merged would now take effect: revisit vfnet's port handling", s.withBusNr)
+	}
+	if s.busKey == "busNr" && len(s.off) > 0 {
+		t.Errorf("keyed on busNr without any, the step still switched off %v", s.off)
+	}
+	if s.sidecars != 1 {
+		t.Errorf("the last define went to %d sidecars, want vfnet-binding", s.sidecars)
+	}
+	var offNow []int
+	for _, p := range rep.Ports {
+		if p.Hotplug != "off" {
+			continue
+		}
+		offNow = append(offNow, p.Index)
+		switch {
+		case len(p.Devices) == 0:
+			t.Errorf("root port %d is free and hotplug='off': lost to hot-plug (libvirt refuses a hot-plug there)", p.Index)
+		case slices.ContainsFunc(p.Devices, func(d string) bool { return strings.HasPrefix(d, "hostdev/ua-sriov-") }):
+			t.Errorf("root port %d holds %v and is hotplug='off': the migration's detach by alias would be refused", p.Index, p.Devices)
+		}
+	}
+	if !slices.Equal(offNow, s.offAfterHooks) {
+		t.Errorf("the defined domain has hotplug='off' on ports %v, the sidecars returned it on %v", offNow, s.offAfterHooks)
+	}
+}
+
+// parseV110 reads the v110 lines of a -v110 run.
+func parseV110(t *testing.T, output string) v110Step {
+	t.Helper()
+	ints := func(s string) []int {
+		var out []int
+		for _, f := range strings.Fields(s) {
+			n, _ := strconv.Atoi(f)
+			out = append(out, n)
+		}
+		return out
+	}
+	m, h := v110RE.FindStringSubmatch(output), v110HooksRE.FindStringSubmatch(output)
+	if m == nil || h == nil {
+		t.Fatalf("-v110 printed no v110 decision and hooks-returned lines")
+	}
+	s := v110Step{busKey: m[1], off: ints(m[3]), offAfterHooks: ints(h[2]), vfBus: -1}
+	s.withBusNr, _ = strconv.Atoi(m[2])
+	s.sidecars, _ = strconv.Atoi(h[1])
+	if m[4] != "none" {
+		b, err := strconv.ParseInt(m[4], 0, 32)
+		if err != nil {
+			t.Fatalf("vf-hostdev-guest-bus-in-spec=%q: %v", m[4], err)
+		}
+		s.vfBus = int(b)
+	}
+	return s
 }
 
 func hexAttr(t *testing.T, n *xmltree.Node, name string) int64 {
@@ -337,4 +546,23 @@ func hexAttr(t *testing.T, n *xmltree.Node, name string) int64 {
 		t.Fatalf("address %s=%q: %v", name, n.Attr(name), err)
 	}
 	return v
+}
+
+// writeQEMUConf gives the session libvirtd a qemu.conf that logs QEMU's
+// output to a file: its default, virtlogd, is looked for at /usr/sbin, and
+// here it is unpacked under the cache. Only a start needs it.
+func writeQEMUConf(tmp string) error {
+	dir := filepath.Join(tmp, "home", ".config", "libvirt")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "qemu.conf"), []byte("stdio_handler = \"file\"\n"), 0o644); err != nil {
+		return err
+	}
+	for _, d := range []string{filepath.Join(tmp, "home", ".config"), dir} {
+		if err := os.Chown(d, launcherUID, launcherUID); err != nil {
+			return err
+		}
+	}
+	return nil
 }

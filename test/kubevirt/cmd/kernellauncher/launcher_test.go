@@ -53,9 +53,16 @@ func TestOccupiedRootPorts(t *testing.T) {
 		Interfaces:  []api.Interface{{Address: pci("0x02")}},
 		HostDevices: []api.HostDevice{{Type: "pci", Address: pci("0x01")}, {Type: "pci", Address: pci("0x04")}},
 	}}
-	off, withBusNr, ports := occupiedRootPorts(spec)
+	off, withBusNr, ports := occupiedRootPorts(spec, busFromBusNr)
 	if !slices.Equal(off, []int{1, 3}) || withBusNr != 3 || ports != 4 {
-		t.Errorf("got off=%v withBusNr=%d ports=%d, want [1 3] 3 4 (NIC port 2 stays hotpluggable, port 4 has no busNr)", off, withBusNr, ports)
+		t.Errorf("busNr key: got off=%v withBusNr=%d ports=%d, want [1 3] 3 4 (NIC port 2 stays hotpluggable, port 4 has no busNr)", off, withBusNr, ports)
+	}
+	// Keyed on the index, port 4 (a hostdev behind it, no busNr) goes off
+	// too: what a real libvirt domain looks like, where no root port has a
+	// busNr.
+	off, withBusNr, ports = occupiedRootPorts(spec, busFromIndex)
+	if !slices.Equal(off, []int{1, 3, 4}) || withBusNr != 3 || ports != 4 {
+		t.Errorf("index key: got off=%v withBusNr=%d ports=%d, want [1 3 4] 3 4", off, withBusNr, ports)
 	}
 }
 
@@ -97,5 +104,76 @@ func TestNoVirtAPI(t *testing.T) {
 		if strings.HasPrefix(pkg, "kubevirt.io/kubevirt/pkg/virt-api") || strings.HasSuffix(pkg, "/internal/launcherpod") || strings.HasSuffix(pkg, "/internal/manifestcheck") {
 			t.Errorf("the launcher links %s: render the VMI on the host (cmd/vmirender) instead", pkg)
 		}
+	}
+}
+
+func TestTwinXML(t *testing.T) {
+	in := `<domain type='qemu'>
+  <name>default_vm</name>
+  <uuid>0b5e6a3c-0000-4000-8000-000000000001</uuid>
+  <sysinfo type='smbios'>
+    <system>
+      <entry name='uuid'>0b5e6a3c-0000-4000-8000-000000000001</entry>
+    </system>
+  </sysinfo>
+  <os>
+    <type arch='x86_64' machine='pc-q35-10.0'>hvm</type>
+    <kernel>/var/run/kubevirt/kernel-boot/vmlinuz</kernel>
+    <initrd>/var/run/kubevirt/kernel-boot/initrd.img</initrd>
+    <cmdline>console=ttyS0</cmdline>
+  </os>
+  <devices>
+    <controller type='pci' index='5' model='pcie-root-port'>
+      <target chassis='5' port='0xc' hotplug='off'/>
+    </controller>
+    <hostdev mode='subsystem' type='pci' managed='no'>
+      <source>
+        <address domain='0x0000' bus='0x3b' slot='0x02' function='0x1'/>
+      </source>
+      <alias name='ua-sriov-physnet-a'/>
+      <address type='pci' domain='0x0000' bus='0x06' slot='0x00' function='0x0'/>
+    </hostdev>
+  </devices>
+</domain>
+`
+	vf, err := findVFHostdev([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAddr := `<address type='pci' domain='0x0000' bus='0x06' slot='0x00' function='0x0'/>`
+	if vf.alias != "ua-sriov-physnet-a" || vf.bus != 6 || vf.address != wantAddr {
+		t.Errorf("VF hostdev %+v, want ua-sriov-physnet-a on bus 6 with %s", vf, wantAddr)
+	}
+	out, err := twinXML([]byte(in), "default_vm-src", "11111111-2222-4333-8444-555555555555", vf, "<interface/>", "/fw/a:/fw/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `<domain type='qemu' xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0">
+  <name>default_vm-src</name>
+  <uuid>11111111-2222-4333-8444-555555555555</uuid>
+  <sysinfo type='smbios'>
+    <system>
+      <entry name='uuid'>11111111-2222-4333-8444-555555555555</entry>
+    </system>
+  </sysinfo>
+  <os>
+    <type arch='x86_64' machine='pc-q35-10.0'>hvm</type>
+    
+    
+    
+  </os>
+  <devices>
+    <controller type='pci' index='5' model='pcie-root-port'>
+      <target chassis='5' port='0xc' hotplug='off'/>
+    </controller>
+    <interface/>
+  </devices>
+<qemu:commandline><qemu:arg value="-L"/><qemu:arg value="/fw/a"/><qemu:arg value="-L"/><qemu:arg value="/fw/b"/></qemu:commandline></domain>
+`
+	if out != want {
+		t.Errorf("twin\n%s\nwant\n%s", out, want)
+	}
+	if _, err := findVFHostdev([]byte(strings.Replace(in, wantAddr, "", 1))); err == nil {
+		t.Errorf("a VF hostdev without a guest address was accepted")
 	}
 }

@@ -25,16 +25,19 @@
 // libvirt-connect, hook-collect, lookup, define-1..define-N (each define
 // through the hooks, inside allocate-hotplug-ports, details hooks=<time of
 // the OnDefineDomain round trip> <why>), allocate-hotplug-ports,
-// write-defined, then unless -define-only start and write-live (with
+// write-defined, with -hotplug-check hotplug-check (see hotplugCheck),
+// then unless -define-only start and write-live (with
 // -migration-target: vmi, kernel-boot-links, private-dir, convert,
 // hook-collect, target-hooks); a failing
 // step prints `step <name> <duration> failed`. The write-* lines summarize
 // the XML's pcie-root-ports (root-ports=, free-root-ports=, ports=[index=
 // device or free], hostdevs=[alias@bus]). Info lines: `hotplug
 // placeholders=.. extra-root-ports=.. pci-devices-counted=.. memory=..`,
-// with -v110 `v110 root-ports=.. with-busNr=.. hotplug-off=[..] ...`, with
-// -cleanup `cleanup: ...` on a failed cleanup. Every change cmd/vmirender
-// made to the example VM, just before the vmi step's line:
+// with -v110 `v110 bus-key=.. root-ports=.. with-busNr=.. hotplug-off=[..]
+// vf-hostdev-guest-bus-in-spec=..` (the step's decision) and `v110
+// hooks-returned sidecars=.. hotplug-off=[..]` (what the sidecars left of
+// it), with -cleanup `cleanup: ...` on a failed cleanup. Every change
+// cmd/vmirender made to the example VM, just before the vmi step's line:
 //
 //	VFNET-LAUNCHER change: <what> (<why>)
 //
@@ -100,6 +103,9 @@ type config struct {
 	hookTimeout               time.Duration
 	out                       string
 	defineOnly, v110, cleanup bool
+	v110Bus                   string
+	hotplugCheck              bool
+	firmwareDirs              string
 	migrationTarget           bool
 }
 
@@ -112,6 +118,9 @@ func main() {
 	flag.StringVar(&c.out, "out", "domain.xml", "live domain XML after start; the inactive XML before start goes to <out>.defined")
 	flag.BoolVar(&c.defineOnly, "define-only", false, "stop after the last define (write <out>.defined only): a domain with a VFIO hostdev cannot start without VFIO")
 	flag.BoolVar(&c.v110, "v110", false, "also apply what KubeVirt's main branch (after v1.9.0, PR 17605) adds to allocateHotplugPorts: hotplug='off' on occupied pcie-root-ports")
+	flag.StringVar(&c.v110Bus, "v110-root-port-bus", busFromBusNr, "with -v110, where a pcie-root-port's bus number comes from: "+busFromBusNr+" (<target busNr>, PR 17605 as merged; libvirt never writes it on a root port) or "+busFromIndex+" (the controller index, libvirt's rule; the step then takes effect)")
+	flag.BoolVar(&c.hotplugCheck, "hotplug-check", false, "after the last define, check on two started twins of the domain (the VF replaced by an emulated NIC: no VFIO needed) that the VF's root port takes the migration's detach by alias and that the VF can be hot-plugged again")
+	flag.StringVar(&c.firmwareDirs, "firmware-dirs", "", "with -hotplug-check, QEMU firmware directories (colon-separated, each passed as -L) when QEMU's own data directory is not where it was built for")
 	flag.BoolVar(&c.migrationTarget, "migration-target", false, "prepare a migration target instead of defining (v1.9.0 prepareMigrationTarget): kernel-boot links, private dir, convert, then the hooks' OnDefineDomain, whose result the target discards; libvirt's incoming migration defines the domain from the source's XML")
 	flag.BoolVar(&c.cleanup, "cleanup", false, "destroy and undefine the domain before exiting (default: leave it defined and, unless -define-only, running, as virt-launcher would)")
 	flag.Parse()
@@ -146,11 +155,12 @@ type launcher struct {
 	hooks hooks.Manager
 	// defines counts defines through the hooks, for the step lines.
 	defines int
-	// hotplugOff are the pcie-root-port indices -v110 turns hotplug off on.
-	hotplugOff []int
 }
 
 func run(c config) error {
+	if c.v110Bus != busFromBusNr && c.v110Bus != busFromIndex {
+		return fmt.Errorf("-v110-root-port-bus %q: want %s or %s", c.v110Bus, busFromBusNr, busFromIndex)
+	}
 	l := &launcher{c: c}
 	if err := step("vmi", l.readVMI); err != nil {
 		return err
@@ -193,6 +203,11 @@ func run(c config) error {
 	}
 	if err := step("write-defined", func() (string, error) { return l.writeXML(dom, libvirt.DomainXMLInactive, c.out+".defined") }); err != nil {
 		return err
+	}
+	if c.hotplugCheck {
+		if err := step("hotplug-check", func() (string, error) { return l.hotplugCheck(dom) }); err != nil {
+			return err
+		}
 	}
 	if c.defineOnly {
 		return nil
@@ -275,13 +290,15 @@ func (l *launcher) privateDir() (string, error) {
 	return dir, nil
 }
 
-// convert: KubeVirt's converter with virt-launcher's context (golden), the
-// hypervisor device taken from /dev/kvm as virt-launcher does and
-// AllowEmulation (KubeVirt's useEmulation) on, so without KVM the domain is
-// type qemu. Then SyncVMI's SetObjectDefaults_Domain (inside golden).
+// convert: KubeVirt's converter with virt-launcher's context (golden) and
+// AllowEmulation (KubeVirt's useEmulation) on; the hypervisor device counts
+// as available only when this launcher can open it (hypervisorDevice), so
+// without a usable KVM the domain is type qemu. Then SyncVMI's
+// SetObjectDefaults_Domain (inside golden).
 func (l *launcher) convert() (string, error) {
+	kvm, why := hypervisorDevice("/dev/kvm")
 	convertFn := golden.Domain
-	if _, err := os.Stat("/dev/kvm"); err != nil {
+	if !kvm {
 		convertFn = golden.DomainEmulated
 	}
 	dom, err := convertFn(golden.Case{Name: l.vmi.Name, VMI: l.vmi})
@@ -294,8 +311,30 @@ func (l *launcher) convert() (string, error) {
 	// containerDisk overlay (the disk is gone), no disks for
 	// SetDriverCacheMode/SetOptimalIOMode, and the network phase 2 has no
 	// work for a binding-plugin interface without a domain attachment.
-	return fmt.Sprintf("type=%s machine=%s interfaces=%d kernel=%s", dom.Spec.Type, dom.Spec.OS.Type.Machine,
-		len(dom.Spec.Devices.Interfaces), dom.Spec.OS.Kernel), nil
+	return fmt.Sprintf("type=%s machine=%s interfaces=%d kernel=%s hypervisor-device=%q", dom.Spec.Type, dom.Spec.OS.Type.Machine,
+		len(dom.Spec.Devices.Interfaces), dom.Spec.OS.Kernel, why), nil
+}
+
+// hypervisorDevice reports whether the launcher may use KVM, and why.
+// v1.9.0's virt-launcher only stats /dev/kvm (newLibvirtDomainManager), which
+// in a launcher pod means "usable": the node is there only when KubeVirt's
+// device plugin gave it (virt-controller requests it unless useEmulation is
+// on) and virt-handler chowned it to the launcher's uid
+// (claimDeviceOwnership). This launcher runs on a node's /dev, where a node
+// can exist that uid 107 cannot open (root:root 0600, or root:kvm 0660 with
+// 107 not in the group): libvirtd would then refuse a type="kvm" domain.
+// Opening it read-write, as QEMU does, asks the question the pod's stat
+// answers.
+func hypervisorDevice(path string) (bool, string) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, path + " absent: emulation"
+		}
+		return false, fmt.Sprintf("%s not usable by uid %d (%v): emulation, as KubeVirt would not give the launcher this node", path, os.Geteuid(), errors.Unwrap(err))
+	}
+	f.Close()
+	return true, path + " usable: kvm"
 }
 
 // prepareMigrationTarget reproduces the rest of v1.9.0's
@@ -369,11 +408,6 @@ func (l *launcher) defineWithHooks(spec *api.DomainSpec, why string) (libvirt.Do
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): decode the hooks' domain into api.DomainSpec: %w", l.defines+1, why, err)
 	}
 	fromHooks.DeepCopyInto(spec)
-	if len(l.hotplugOff) > 0 {
-		if out, err = setHotplugOff(out, l.hotplugOff); err != nil {
-			return libvirt.Domain{}, fmt.Errorf("define %d (%s): v110 hotplug off: %w", l.defines+1, why, err)
-		}
-	}
 	dom, err := l.virt.DomainDefineXML(out)
 	if err != nil {
 		return libvirt.Domain{}, fmt.Errorf("define %d (%s): libvirt DomainDefineXML: %w", l.defines+1, why, err)
