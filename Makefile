@@ -41,7 +41,7 @@ CORES := -p $(shell nproc)
 NICE_UNIT ?=
 NICE_BUILD ?=
 
-.PHONY: all build test unit vet-race vet-kubevirt vet-helm build-shipped kubevirt-tests helm-tests helm-bin test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
+.PHONY: all build test check-root testreport unit vet-race vet-kubevirt vet-helm build-shipped kubevirt-tests helm-tests helm-bin test-kernel kernel-deps virt-deps test-node node-bin lint deps k8s-bin demo generate verify-generate images bench bench-scale bench-peers bench-binding clean
 
 all: build
 
@@ -85,11 +85,27 @@ build-shipped:
 lint: vet-race vet-kubevirt vet-helm
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# Every tier's go test -json goes through hack/testreport: the readable
+# output, a line with how many tests ran and skipped, and a failure for a
+# skip, for a tier that ran no test, or for a -want test that did not run
+# (a renamed test matches no -run pattern and would pass).
+REPORT := $(CACHE)/bin/testreport
+testreport:
+	@$(GO) build -o $(REPORT) ./hack/testreport
+
+# Not run by unit: the tests of other tiers (each of those tiers requires
+# its own with -want), the crash test (below) and the children that tests
+# re-execute (*ChildProcess). test/kernel/guest runs only inside the
+# real-kernel guest.
+UNIT_ELSEWHERE := ^(TestRealKernel|TestRealNode|TestIdleMemoryVsExampleDriver|TestCrashAtEveryStep)$$|ChildProcess$$
 # The crash test's children are other processes, where -race sees nothing
-# and costs ~20x: it skips itself under -race and runs here without it.
-unit: vet-race build-shipped
-	$(TIMED) ( export VFNET_K8S_BIN=$$(test/tools/build.sh) && $(NICE_UNIT) $(GO) test $(GOTEST_FLAGS) ./... \
-	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./driver/preparetest )
+# and costs ~20x: it runs here without -race.
+unit: vet-race build-shipped kernel-deps testreport
+	$(TIMED) ( set -o pipefail; export VFNET_K8S_BIN=$$(test/tools/build.sh) \
+	  && $(NICE_UNIT) $(GO) test -json $(GOTEST_FLAGS) -skip '$(UNIT_ELSEWHERE)' $$($(GO) list ./... | grep -v '/test/kernel/guest$$') \
+	  | $(REPORT) -tier unit \
+	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test -json $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./driver/preparetest \
+	  | $(REPORT) -tier unit-crash -want TestCrashAtEveryStep )
 
 # The real-kernel tier (test/kernel): a Debian kernel under QEMU with emulated
 # igb SR-IOV NICs behind an emulated IOMMU. VFNET_KERNEL_CASES=a,b runs a subset.
@@ -101,16 +117,18 @@ virt-deps:
 	@hack/virt-deps.sh
 
 # The netns case runs the real driver against a control plane on the host.
-test-kernel: kernel-deps virt-deps k8s-bin build-shipped vet-kubevirt
-	$(TIMED) VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 60m -run '^TestRealKernel$$' -v ./test/kernel/
+test-kernel: kernel-deps virt-deps k8s-bin build-shipped vet-kubevirt testreport
+	$(TIMED) ( set -o pipefail; VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 60m -run '^TestRealKernel$$' ./test/kernel/ \
+	  | $(REPORT) -tier test-kernel -v -want TestRealKernel )
 
 # Built as the real-node tier builds its KubeVirt stand-ins (static, -trimpath;
 # only the standard library's net and os/user have cgo code here), so the
 # module's large dependency tree compiles once for both.
 # Its compat test runs KubeVirt's define steps against the real libvirtd
 # and QEMU that the real-kernel tier's vm case runs in its guest.
-kubevirt-tests: kernel-deps virt-deps vet-kubevirt build-shipped
-	$(TIMED) ( cd test/kubevirt && CGO_ENABLED=0 GONOSUMDB=libvirt.org/go/libvirt VFNET_REQUIRE_LIBVIRT=1 $(NICE_BUILD) $(GO) test -trimpath -vet=off -count=1 -timeout 30m ./... )
+kubevirt-tests: kernel-deps virt-deps vet-kubevirt build-shipped testreport
+	$(TIMED) ( set -o pipefail; cd test/kubevirt && CGO_ENABLED=0 GONOSUMDB=libvirt.org/go/libvirt VFNET_REQUIRE_LIBVIRT=1 $(NICE_BUILD) $(GO) test -json -trimpath -vet=off -count=1 -timeout 30m ./... \
+	  | $(REPORT) -tier kubevirt-tests )
 
 # The Helm chart (deployments/helm/vfnet), in its own module (test/helm, the
 # Helm v4 SDK and kustomize's API from the Go module proxy): renders the
@@ -118,8 +136,9 @@ kubevirt-tests: kernel-deps virt-deps vet-kubevirt build-shipped
 # same as manifests/components, the real-node tier's values the same as its
 # overlay; `helm lint --strict` passes. Built as helm-bin builds the CLI
 # (test/helm/build.sh), the product's configuration: the SDK compiles once.
-helm-tests: vet-helm
-	$(TIMED) ( cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) test $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 10m ./... )
+helm-tests: vet-helm testreport
+	$(TIMED) ( set -o pipefail; cd test/helm && $(SHIPPED_ENV) $(NICE_BUILD) $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 10m ./... \
+	  | $(REPORT) -tier helm-tests )
 
 # The Helm v4 CLI the real-node tier installs the chart with, built once
 # into $(CACHE)/helm-bin.
@@ -134,10 +153,10 @@ node-bin:
 # The real-node tier alone: a real kubelet and containerd in a private
 # mount + network namespace, vfnet installed from manifests/ and then with
 # the Helm chart (test/node).
-test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin
-	$(TIMED) VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
+test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin testreport
+	$(TIMED) ( set -o pipefail; VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
 	  VFNET_HELM_BIN=$$(test/helm/build.sh) \
-	  $(GO) test $(GOTEST_FLAGS) -v ./test/node/
+	  $(GO) test -json $(GOTEST_FLAGS) -run '^TestRealNode$$' ./test/node/ | $(REPORT) -tier test-node -v -want TestRealNode )
 
 # The tiers mostly wait (control planes, QEMU, kubelet): run them side by side.
 # --output-sync keeps each tier's output together in the log. The real-kernel
@@ -145,9 +164,23 @@ test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin
 # its vCPU threads lose the CPU: it starts first (its packages, containerd and
 # the guest build overlap), and the tiers that only build and run Go tests
 # yield the CPU to it and to the real node (nice; they have no guest clock).
-test: deps k8s-bin
+test: check-root deps k8s-bin
 	$(MAKE) --no-print-directory -j4 --output-sync=target NICE_UNIT='nice -n 5' NICE_BUILD='nice -n 10' \
 	  test-kernel test-node unit kubevirt-tests helm-tests lint verify-generate
+
+# make test needs root, and says so before it starts rather than run part
+# of it and stop: most tiers make namespaces, mounts or device nodes.
+check-root:
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "make test needs root (you are uid $$(id -u)); these parts need it:"; \
+	  echo "  deps           apt-get installs the Debian packages the tiers use"; \
+	  echo "  unit           network namespaces (pkg/vflink), device nodes (pkg/simhost), mount namespaces (test/node)"; \
+	  echo "  test-node      a kubelet and containerd in private mount and network namespaces"; \
+	  echo "  kubevirt-tests libvirtd and the binding as uid 107 in a private mount namespace (unshare, setpriv)"; \
+	  echo "  test-kernel    a cold guest build unpacks Debian packages with the deps' private apt"; \
+	  echo "run it as root (sudo make test), or a part alone: make helm-tests lint verify-generate need none"; \
+	  exit 1; \
+	fi
 
 demo: deps k8s-bin
 	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo
@@ -186,10 +219,28 @@ bench-scale: k8s-bin
 	  ./test/scale -args $(BENCH_SCALE_ARGS)
 
 # vfnet-driver's idle RSS next to kubernetes-sigs/dra-example-driver's kubelet
-# plugin on one control plane, three runs. The peer is built from its source
-# under $(CACHE)/peers/dra-example-driver/src (fetch kubernetes-sigs/dra-example-driver
-# there, as the test's skip message shows; BENCHMARKS.md names the commit measured).
-bench-peers: k8s-bin
+# plugin on one control plane, three runs; needs root (vfnet-driver runs as
+# shipped, its PF netdevs in a network namespace of their own). The peer is
+# built from PEER_SRC at PEER_COMMIT, the commit BENCHMARKS.md measured
+# (test/peers fails on any other). Without PEER_SRC, PEER_GIT_DIR=<a git
+# directory that has the commit> (a clone or mirror) makes it; else this
+# fails saying how to provide it, before the control plane's cold build.
+PEER_COMMIT := 31914ceacda29bbc55208ef75e68c0991e1c9568
+PEER_SRC := $(or $(VFNET_PEER_SRC),$(CACHE)/peers/dra-example-driver/src)
+PEER_GIT_DIR ?=
+bench-peers:
+	@set -e; src='$(PEER_SRC)'; if [ ! -e "$$src" ]; then \
+	  if [ -z '$(PEER_GIT_DIR)' ]; then \
+	    echo "bench-peers: no dra-example-driver source in $$src; provide it at commit $(PEER_COMMIT):" >&2; \
+	    echo "  git clone https://github.com/kubernetes-sigs/dra-example-driver $$src && git -C $$src checkout --detach $(PEER_COMMIT)" >&2; \
+	    echo "or from a local git directory (a clone or mirror) that has the commit: make bench-peers PEER_GIT_DIR=<dir>" >&2; \
+	    exit 1; \
+	  fi; \
+	  rm -rf "$$src.tmp"; mkdir -p "$$(dirname "$$src")"; \
+	  git clone --quiet --no-checkout '$(PEER_GIT_DIR)' "$$src.tmp"; \
+	  git -C "$$src.tmp" checkout --quiet --detach $(PEER_COMMIT); \
+	  mv "$$src.tmp" "$$src"; echo "bench-peers: $$src at $(PEER_COMMIT), from $(PEER_GIT_DIR)"; \
+	fi
 	VFNET_BENCH_PEERS=1 VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test -count=3 -v -timeout 40m \
 	  -run '^TestIdleMemoryVsExampleDriver$$' ./test/peers
 

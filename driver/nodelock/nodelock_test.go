@@ -15,14 +15,14 @@ import (
 )
 
 // The cross-process tests re-execute this test binary as the other driver
-// instance (TestHelperProcess); it takes the lock named by the environment
+// instance (TestNodeLockChildProcess); it takes the lock named by the environment
 // and reports on stdout.
 const (
 	envHelper = "VFNET_NODELOCK_HELPER"
 	envPath   = "VFNET_NODELOCK_PATH"
 )
 
-func TestHelperProcess(t *testing.T) {
+func TestNodeLockChildProcess(t *testing.T) {
 	mode := os.Getenv(envHelper)
 	if mode == "" {
 		t.Skip("helper process for the cross-process tests")
@@ -58,7 +58,7 @@ type child struct {
 
 func startChild(t *testing.T, mode, path string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNodeLockChildProcess$")
 	cmd.Env = append(os.Environ(), envHelper+"="+mode, envPath+"="+path)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

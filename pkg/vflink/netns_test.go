@@ -109,19 +109,19 @@ func TestHostNetnsFromOtherNamespace(t *testing.T) {
 
 	// The same from a whole process started in a fresh namespace (as the
 	// driver's pod is), this test binary re-run as a child.
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLinkLayerProcess$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLinkLayerChildProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), "VFNET_TEST_NETNS="+hostNs, "VFNET_TEST_LINK="+pf, "VFNET_TEST_INDEX="+strconv.Itoa(wantIndex))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestLinkLayerProcess") {
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestLinkLayerChildProcess") {
 		t.Fatalf("child process in a fresh namespace: %v\n%s", err, out)
 	}
 }
 
-// TestLinkLayerProcess is the child of TestHostNetnsFromOtherNamespace:
+// TestLinkLayerChildProcess is the child of TestHostNetnsFromOtherNamespace:
 // a process in its own network namespace opening the link layer on
 // another one's file.
-func TestLinkLayerProcess(t *testing.T) {
+func TestLinkLayerChildProcess(t *testing.T) {
 	ns, pf := os.Getenv("VFNET_TEST_NETNS"), os.Getenv("VFNET_TEST_LINK")
 	if ns == "" {
 		t.Skip("run by TestHostNetnsFromOtherNamespace")

@@ -16,9 +16,9 @@ import (
 
 const helperEnv = "VFNET_CONTROLPLANE_INTERRUPT_HELPER"
 
-// TestInterruptHelper is the child of TestInterruptCleansUp: it starts a
+// TestInterruptChildProcess is the child of TestInterruptCleansUp: it starts a
 // plane, prints its directory and component PIDs, and waits for SIGINT.
-func TestInterruptHelper(t *testing.T) {
+func TestInterruptChildProcess(t *testing.T) {
 	if os.Getenv(helperEnv) == "" {
 		t.Skip("helper process of TestInterruptCleansUp")
 	}
@@ -42,7 +42,7 @@ func TestInterruptHelper(t *testing.T) {
 // directory is left behind.
 func TestInterruptCleansUp(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptChildProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

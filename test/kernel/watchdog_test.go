@@ -60,7 +60,7 @@ func TestKsymtabOfTheTierKernel(t *testing.T) {
 	t.Parallel()
 	env, err := LoadEnv(filepath.Join(cacheDir(t, repoRoot(t)), "kernel"))
 	if err != nil {
-		t.Skipf("no prepared kernel (%v)", err)
+		t.Fatalf("no prepared kernel (%v): run make kernel-deps", err)
 	}
 	s, err := loadKsymtab(env.Vmlinux)
 	if err != nil {

@@ -102,7 +102,7 @@ func TestDriverOnAPIServer(t *testing.T) {
 		t.Skip("starts a control plane")
 	}
 	if _, err := controlplane.BinDir(t.Context()); err != nil {
-		t.Skipf("control-plane binaries unavailable: %v", err)
+		t.Fatalf("control-plane binaries unavailable: %v (make k8s-bin builds them)", err)
 	}
 	plane := controlplane.StartForTest(t, controlplane.Options{})
 	client, err := plane.AdminClient()

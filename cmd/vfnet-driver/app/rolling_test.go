@@ -321,7 +321,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go tool to build vfnet-driver")
 	}
-	plane := startPlaneOrSkip(t)
+	plane := startPlane(t)
 	client, err := plane.AdminClient()
 	if err != nil {
 		t.Fatal(err)
@@ -493,12 +493,12 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	}
 }
 
-// startPlaneOrSkip starts a control plane, or skips when its binaries are
-// not built.
-func startPlaneOrSkip(t *testing.T) *controlplane.Plane {
+// startPlane starts a control plane, or fails naming how to build its
+// binaries.
+func startPlane(t *testing.T) *controlplane.Plane {
 	t.Helper()
 	if _, err := controlplane.BinDir(t.Context()); err != nil {
-		t.Skipf("control-plane binaries unavailable: %v", err)
+		t.Fatalf("control-plane binaries unavailable: %v (make k8s-bin builds them)", err)
 	}
 	return controlplane.StartForTest(t, controlplane.Options{})
 }

@@ -149,8 +149,9 @@ func runCase(name, test string) {
 	switch {
 	case err == nil && strings.Contains(o, "testing: warning: no tests to run"):
 		console("VFNET-CASE %s FAIL %s is not in the guest binary (%s)", name, test, took)
-	case err == nil && strings.Contains(o, "--- SKIP: "+test):
-		console("VFNET-CASE %s SKIP (%s)", name, took)
+	case err == nil && strings.Contains(o, "--- SKIP: "):
+		// The case's test or any of its subtests: either tested nothing.
+		console("VFNET-CASE %s SKIP %s (%s)", name, skipped(o), took)
 	case err == nil:
 		console("VFNET-CASE %s PASS (%s)", name, took)
 	case ctx.Err() != nil:
@@ -325,4 +326,17 @@ func waitNetdev(dev string, timeout time.Duration) (string, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// skipped names the skipped tests and subtests in a case's go test -v
+// output ("--- SKIP: TestX/sub (0.00s)"), for the case's SKIP line.
+func skipped(out string) string {
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		if _, rest, ok := strings.Cut(line, "--- SKIP: "); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, ",")
 }

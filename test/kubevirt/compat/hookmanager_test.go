@@ -22,9 +22,7 @@ import (
 func TestKubeVirtHookManagerDrivesBinding(t *testing.T) {
 	t.Parallel()
 	bin := needBinding(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: KubeVirt's hook manager only scans /var/run/kubevirt-hooks, which this test bind-mounts in a private mount namespace")
-	}
+	needRoot(t, "KubeVirt's hook manager only scans /var/run/kubevirt-hooks, which this test bind-mounts in a private mount namespace")
 	var c golden.Case
 	for _, gc := range golden.Cases() {
 		if gc.Name == "two-vfnet-masquerade" {

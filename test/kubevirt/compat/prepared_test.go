@@ -30,15 +30,13 @@ import (
 func TestPreparedMetadataThroughKubeVirt(t *testing.T) {
 	t.Parallel()
 	bin := needBinding(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for the hook manager's mount namespace (see TestKubeVirtHookManagerDrivesBinding)")
-	}
+	needRoot(t, "the hook manager's mount namespace (see TestKubeVirtHookManagerDrivesBinding)")
 	root, err := product.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "driver", "preparetest")); err != nil {
-		t.Skipf("product has no driver/preparetest yet: %v", err)
+		t.Fatalf("product has no driver/preparetest (%v): moved? update this test", err)
 	}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
