@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares what the real-kernel tier's `vm` case runs inside its guest, from
 # Debian packages only, under $VFNET_CACHE/virt (default .cache/virt): libvirt
-# 11.3 from bookworm-backports (libvirtd, as Debian ships it, its QEMU driver,
+# 11.x, the newest in bookworm-backports (libvirtd, as Debian ships it, its QEMU driver,
 # virtlogd and virsh) and the libraries the host lacks for it, unpacked
 # privately. QEMU 10 itself comes from hack/kernel-deps.sh (the same QEMU that
 # runs the guest). Nothing is installed on the host; its apt sources and
@@ -56,6 +56,10 @@ done
 lib=$V/root/usr/lib/x86_64-linux-gnu:$V/root/lib/x86_64-linux-gnu
 ver=$(LD_LIBRARY_PATH=$lib:$cache/kernel/qemu/usr/lib/x86_64-linux-gnu "$libvirtd" --version 2>&1 | head -1) ||
   die "the unpacked libvirtd does not run: $ver"
+# The README and the tiers speak of libvirt 11.x: another major (an archive
+# change, or VFNET_LIBVIRT_SERIES) fails here instead of passing unnoticed.
+[[ $ver =~ [[:space:]]11\.[0-9]+ ]] ||
+  die "libvirtd reports \"$ver\", not 11.x, which the vm case is written and documented for (VFNET_LIBVIRT_SERIES=$LIBVIRT_SERIES: unset it or name an 11. series)"
 
 cat >"$V/env" <<EOS
 VIRT_ROOT=$V/root

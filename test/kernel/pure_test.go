@@ -205,3 +205,20 @@ func selfCPU(t *testing.T) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestLoadVirtReadsVersion: the env file hack/virt-deps.sh writes gives the
+// libvirt version the tier logs, next to the paths.
+func TestLoadVirtReadsVersion(t *testing.T) {
+	dir := t.TempDir()
+	env := "VIRT_ROOT=/c/virt/root\nLIBVIRT_VERSION=/c/virt/root/usr/sbin/libvirtd (libvirt) 11.3.0\nVIRT_LIBS=/c/a:/c/b\n"
+	if err := os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v, err := LoadVirt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Root != "/c/virt/root" || v.Version != "/c/virt/root/usr/sbin/libvirtd (libvirt) 11.3.0" || !reflect.DeepEqual(v.Libs, []string{"/c/a", "/c/b"}) {
+		t.Errorf("LoadVirt: root %q, version %q, libs %q", v.Root, v.Version, v.Libs)
+	}
+}

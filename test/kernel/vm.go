@@ -92,6 +92,9 @@ type VirtImage struct {
 	Root string
 	// Libs are the library directories of Root.
 	Libs []string
+	// Version is `libvirtd --version` (hack/virt-deps.sh checks it is
+	// 11.x), for the tier's log: the archive decides the minor.
+	Version string
 	// Binding is the static vfnet-binding; Launcher test/kubevirt's
 	// kernellauncher; VMI the example VM's VMI that test/kubevirt's
 	// vmirender wrote.
@@ -115,6 +118,8 @@ func LoadVirt(dir string) (*VirtImage, error) {
 				v.Root = val
 			case "VIRT_LIBS":
 				v.Libs = filepath.SplitList(val)
+			case "LIBVIRT_VERSION":
+				v.Version = val
 			}
 		}
 	}

@@ -8,8 +8,10 @@
 // moment: vfnet with 1024 and with 128 VFs, the peer with 128 devices (the
 // most it can publish; see the test). The peer is built at run time from
 // its source under $VFNET_CACHE/peers/dra-example-driver/src (default
-// .cache/; fetch it as the skip message says); its dependencies come from
-// the Go module proxy.
+// .cache/), which must be a git checkout at pinnedCommit (`make bench-peers`
+// prepares it or says how); its dependencies come from the Go module proxy.
+// Under the gate nothing it needs may be missing: a benchmark that measured
+// nothing, or another binary, fails instead of passing.
 package peers
 
 import (
@@ -20,7 +22,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,26 +69,50 @@ func cacheDir(t *testing.T) string {
 	return filepath.Join(root, ".cache")
 }
 
-// peerSource is the dra-example-driver checkout, or a skip that says how to
-// get one.
-func peerSource(t *testing.T) string {
-	src := os.Getenv(envPeerSrc)
+// peerSource is the dra-example-driver checkout at pinnedCommit, and a
+// description of it for the results. Local changes fail unless
+// VFNET_PEER_SRC names the copy (a deliberately changed peer, such as one
+// that splits its pool); they are then listed.
+func peerSource(t *testing.T) (string, string) {
+	src, explicit := os.Getenv(envPeerSrc), true
 	if src == "" {
-		src = filepath.Join(cacheDir(t), "peers", "dra-example-driver", "src")
+		src, explicit = filepath.Join(cacheDir(t), "peers", "dra-example-driver", "src"), false
 	}
-	if _, err := os.Stat(filepath.Join(src, "cmd", "dra-example-kubeletplugin")); err != nil {
-		t.Skipf("no dra-example-driver source in %s (%v); fetch it first:\n"+
-			"  git clone --depth 1 https://github.com/kubernetes-sigs/dra-example-driver %s\n"+
-			"(or set %s to a checkout)", src, err, src, envPeerSrc)
+	changed, err := checkSource(t.Context(), src, pinnedCommit)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return src
+	desc := "kubernetes-sigs/dra-example-driver " + pinnedCommit
+	if len(changed) > 0 {
+		if !explicit {
+			t.Fatalf("%s has local changes (%s), so it is not the pinned commit as published: git -C %s checkout -- . "+
+				"(or set %s to that directory to measure the changed copy; the results then list the changes)",
+				src, strings.Join(changed, ", "), src, envPeerSrc)
+		}
+		desc += " with local changes to " + strings.Join(changed, ", ")
+	}
+	return src, desc
+}
+
+// envWithout is this process's environment less the named variables.
+func envWithout(names ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(names, name) {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // goBuild builds pkg in dir static (CGO_ENABLED=0; a cgo build also maps
-// ld.so and libc) with flags.
+// ld.so and libc) with flags, and without VCS stamping for both drivers
+// alike (the peer's checkout may belong to another user, which git
+// refuses).
 func goBuild(t *testing.T, dir, out, pkg string, flags []string, env ...string) {
 	t.Helper()
-	args := append(append([]string{"build"}, flags...), "-o", out)
+	args := append(append([]string{"build", "-buildvcs=false"}, flags...), "-o", out)
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), shipbuild.Env()...), env...)
@@ -121,15 +149,19 @@ func freePort(t *testing.T) int {
 type proc struct {
 	name, node, driver string
 	devices            int // expected in its pool
-	metricsURL         string
-	cmd                *exec.Cmd
-	logs               syncbuf.Buffer
-	done               chan error
+	// config is how it was built and runs, for the results.
+	config     string
+	env        []string
+	metricsURL string
+	cmd        *exec.Cmd
+	logs       syncbuf.Buffer
+	done       chan error
 }
 
 func (p *proc) start(t *testing.T) {
 	t.Helper()
 	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	p.cmd.Env = p.env
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -191,10 +223,10 @@ func mib(kb int) float64 { return float64(kb) / 1024 }
 // vfnetCmd runs vfnet-driver as TestDriverOnAPIServer starts it
 // (simhost.LargeHost, 2 s rescans; unlike that test, no configuration edit
 // and republish follows), with cfg as its node configuration and its
-// directories under dir. shipped: bin is the shipped build, which reads the
-// tree as a plain sysfs and finds the PF netdevs in a namespace of their own
-// (internal/pfnetns); else it is vfnet-driver-sim, run with --simulate.
-func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string, shipped bool) {
+// directories under dir. bin is the shipped build: it reads the tree as a
+// plain sysfs and finds the PF netdevs in a namespace of their own
+// (internal/pfnetns).
+func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string) {
 	t.Helper()
 	h, err := simhost.Build(t.TempDir(), simhost.LargeHost())
 	if err != nil {
@@ -202,14 +234,11 @@ func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string, sh
 	}
 	sysfs := h.Root()
 	h.Close() // the driver opens it (or reads its tree) itself
-	hostArgs := []string{"--simulate"}
-	if shipped {
-		ns, err := pfnetns.ForTree(t, sysfs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hostArgs = []string{"--host-netns", ns, "--dev-root", h.DevRoot()}
+	ns, err := pfnetns.ForTree(t, sysfs)
+	if err != nil {
+		t.Fatal(err)
 	}
+	hostArgs := []string{"--host-netns", ns, "--dev-root", h.DevRoot()}
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(cfgFile, []byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n"+cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -219,6 +248,8 @@ func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string, sh
 	}
 	health := freePort(t)
 	p.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", health)
+	// GOGC unset: vfnet-driver picks its own (cmd/vfnet-driver/app).
+	p.env = envWithout("GOGC", "GOMEMLIMIT")
 	p.cmd = exec.Command(bin, append(hostArgs, "--kubeconfig", kubeconfig, "--node-name", p.node,
 		"--sysfs-root", sysfs, "--config", cfgFile, "--rescan-interval", "2s",
 		"--registrar-dir", filepath.Join(dir, "reg"), "--plugin-dir", filepath.Join(dir, "plg"), "--cdi-root", filepath.Join(dir, "cdi"),
@@ -236,13 +267,26 @@ func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string, sh
 // 128 (VFs 0-127 of one PF) next to the 1024 one: the ratio at an equal
 // device count is vfnet-128 / peer. VFNET_PEER_DEVICES changes the peer's
 // count (with VFNET_PEER_SRC naming a build that splits its pool).
+//
+// Build flags are not the same for both as shipped: vfnet-driver has
+// -tags grpcnotrace and sets GOGC=10 itself, the peer has neither. So the
+// peer runs twice, side by side: with Go's defaults, as it ships, and built
+// and run in vfnet's configuration; the ratio against the second is vfnet's
+// code alone, without its tuning.
 func TestIdleMemoryVsExampleDriver(t *testing.T) {
 	if os.Getenv(envGate) != "1" {
 		t.Skipf("benchmark against other DRA drivers; runs with %s=1 (make bench-peers)", envGate)
 	}
-	src := peerSource(t)
+	// Everything checked before the first build: under the gate a missing
+	// piece fails, it never skips.
+	src, peerDesc := peerSource(t)
 	if _, err := controlplane.BinDir(t.Context()); err != nil {
-		t.Skipf("control-plane binaries unavailable: %v", err)
+		t.Fatalf("control-plane binaries: %v", err)
+	}
+	// No fallback to vfnet-driver-sim: it links the simulator, so its RSS is
+	// not the shipped driver's that the results name.
+	if _, err := pfnetns.New(t); err != nil {
+		t.Fatalf("vfnet-driver runs as shipped, with its PF netdevs in a network namespace of their own, and none could be made (%v): run as root", err)
 	}
 	peerDevices := peerMaxDevices
 	if s := os.Getenv(envPeerDevices); s != "" {
@@ -267,21 +311,21 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The shipped build, unless no network namespace can be made for the
-	// PF netdevs (not root): then the one with the simulator, --simulate.
-	vfnetName, shipped := "vfnet-driver", true
-	if _, err := pfnetns.New(t); err != nil {
-		t.Logf("measuring vfnet-driver-sim --simulate, not the shipped build: no network namespace: %v", err)
-		vfnetName, shipped = "vfnet-driver-sim", false
-	}
+	const vfnetName = "vfnet-driver"
 	vfnetBin := filepath.Join(bins, vfnetName)
 	goBuild(t, root, vfnetBin, "github.com/vfnet-io/vfnet/cmd/"+vfnetName, shipbuild.Args())
+	// Its own module, outside this one: GOWORK=off, and its go.mod and
+	// go.sum as committed (-mod=readonly: the pinned commit's dependencies,
+	// and nothing written to the checkout). GOFLAGS keeps the caller's, as
+	// vfnet's build does.
+	peerEnv := []string{"GOWORK=off", strings.TrimSpace("GOFLAGS=" + os.Getenv("GOFLAGS") + " -mod=readonly")}
+	// As vfnet's images are built, less vfnet's own grpcnotrace tag.
+	peerFlags := []string{"-trimpath", "-ldflags=-s -w"}
 	peerBin := filepath.Join(bins, "dra-example-kubeletplugin")
-	// Its own module, outside this one: GOWORK=off, and go.mod may need
-	// updating without a vendor directory (-mod=mod). Nothing is written
-	// to this repository.
-	// The peer as vfnet's images are built, less vfnet's own grpcnotrace tag.
-	goBuild(t, src, peerBin, "./cmd/dra-example-kubeletplugin", []string{"-trimpath", "-ldflags=-s -w"}, "GOWORK=off", "GOFLAGS=-mod=mod -buildvcs=false")
+	goBuild(t, src, peerBin, "./cmd/dra-example-kubeletplugin", peerFlags, peerEnv...)
+	// Exactly vfnet's flags.
+	peerTunedBin := filepath.Join(bins, "dra-example-kubeletplugin-as-vfnet")
+	goBuild(t, src, peerTunedBin, "./cmd/dra-example-kubeletplugin", shipbuild.Args(), peerEnv...)
 
 	plane := controlplane.StartForTest(t, controlplane.Options{})
 	client, err := plane.AdminClient()
@@ -290,10 +334,14 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 	}
 	ctx := t.Context()
 
-	vfnet := &proc{name: vfnetName, node: "node-vfnet", driver: discovery.DriverName, devices: 1024}
-	vfnetSmall := &proc{name: vfnetName, node: "node-vfnet-small", driver: discovery.DriverName, devices: 128}
-	peer := &proc{name: "dra-example-kubeletplugin", node: "node-example", driver: peerDriver, devices: peerDevices}
-	procs := []*proc{vfnet, vfnetSmall, peer}
+	vfnetConfig := strings.Join(shipbuild.Args(), " ") + ", GOGC=10"
+	vfnet := &proc{name: vfnetName, node: "node-vfnet", driver: discovery.DriverName, devices: 1024, config: vfnetConfig + " (its own default)"}
+	vfnetSmall := &proc{name: vfnetName, node: "node-vfnet-small", driver: discovery.DriverName, devices: 128, config: vfnet.config}
+	peer := &proc{name: "dra-example-kubeletplugin", node: "node-example", driver: peerDriver, devices: peerDevices,
+		config: strings.Join(peerFlags, " ") + ", GOGC=100 (Go's default; the peer sets none)"}
+	peerTuned := &proc{name: "dra-example-kubeletplugin", node: "node-example-as-vfnet", driver: peerDriver, devices: peerDevices,
+		config: vfnetConfig + " (vfnet's configuration)"}
+	procs := []*proc{vfnet, vfnetSmall, peer, peerTuned}
 	for _, p := range procs {
 		if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: p.node}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -310,32 +358,38 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 	vfnetCmd(t, vfnetBin, plane.AdminKubeconfig, vfnet,
 		"- pciAddress: \"0000:3b:00.0\"\n  network: physnet-a\n- pciAddress: \"0000:3b:00.1\"\n  network: physnet-a\n"+
 			"- pciAddress: \"0000:86:00.0\"\n  network: physnet-b\n- pciAddress: \"0000:86:00.1\"\n  network: physnet-b\n",
-		filepath.Join(sock, "v1"), shipped)
+		filepath.Join(sock, "v1"))
 	// The same host; 128 VFs of one PF offered.
 	vfnetCmd(t, vfnetBin, plane.AdminKubeconfig, vfnetSmall,
 		"- pciAddress: \"0000:3b:00.0\"\n  network: physnet-a\n  vfs: [\"0-127\"]\n",
-		filepath.Join(sock, "v2"), shipped)
+		filepath.Join(sock, "v2"))
 
 	// The peer as its Helm chart deploys it (deployments/helm: environment
 	// variables, gpu profile, gRPC health service and /metrics on), with
 	// its paths in the temporary directory.
-	pdir := filepath.Join(sock, "p")
-	if err := os.MkdirAll(filepath.Join(pdir, "reg"), 0o700); err != nil {
-		t.Fatal(err)
+	for i, pc := range []struct {
+		p    *proc
+		bin  string
+		gogc []string
+	}{{peer, peerBin, nil}, {peerTuned, peerTunedBin, []string{"GOGC=10"}}} {
+		pdir := filepath.Join(sock, "p"+strconv.Itoa(i))
+		if err := os.MkdirAll(filepath.Join(pdir, "reg"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		metrics := freePort(t)
+		pc.p.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
+		pc.p.cmd = exec.Command(pc.bin, "--kubeconfig", plane.AdminKubeconfig)
+		pc.p.env = append(append(envWithout("GOGC", "GOMEMLIMIT"),
+			"NODE_NAME="+pc.p.node,
+			"DEVICE_PROFILE=gpu",
+			"NUM_DEVICES="+strconv.Itoa(peerDevices),
+			"CDI_ROOT="+filepath.Join(pdir, "cdi"),
+			"KUBELET_REGISTRAR_DIRECTORY_PATH="+filepath.Join(pdir, "reg"),
+			"KUBELET_PLUGINS_DIRECTORY_PATH="+filepath.Join(pdir, "plg"),
+			"HEALTHCHECK_PORT="+strconv.Itoa(freePort(t)),
+			"METRICS_PORT="+strconv.Itoa(metrics),
+		), pc.gogc...)
 	}
-	metrics := freePort(t)
-	peer.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
-	peer.cmd = exec.Command(peerBin, "--kubeconfig", plane.AdminKubeconfig)
-	peer.cmd.Env = append(os.Environ(),
-		"NODE_NAME="+peer.node,
-		"DEVICE_PROFILE=gpu",
-		"NUM_DEVICES="+strconv.Itoa(peerDevices),
-		"CDI_ROOT="+filepath.Join(pdir, "cdi"),
-		"KUBELET_REGISTRAR_DIRECTORY_PATH="+filepath.Join(pdir, "reg"),
-		"KUBELET_PLUGINS_DIRECTORY_PATH="+filepath.Join(pdir, "plg"),
-		"HEALTHCHECK_PORT="+strconv.Itoa(freePort(t)),
-		"METRICS_PORT="+strconv.Itoa(metrics),
-	)
 
 	for _, p := range procs {
 		p.start(t)
@@ -384,8 +438,8 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 	}
 	for _, p := range procs {
 		s := st[p]
-		t.Logf("idle %s, %d devices, %s after the last publish: VmRSS %.1f MiB = RssAnon %.1f MiB + RssFile %.1f MiB; peak VmHWM %.1f MiB; CPU while idle %.1f%% of a core",
-			p.name, p.devices, idle, mib(s["VmRSS"]), mib(s["RssAnon"]), mib(s["RssFile"]), mib(s["VmHWM"]),
+		t.Logf("idle %s (%s), %d devices, %s after the last publish: VmRSS %.1f MiB = RssAnon %.1f MiB + RssFile %.1f MiB; peak VmHWM %.1f MiB; CPU while idle %.1f%% of a core",
+			p.name, p.node, p.devices, idle, mib(s["VmRSS"]), mib(s["RssAnon"]), mib(s["RssFile"]), mib(s["VmHWM"]),
 			100*(cpu[p]-cpu0[p]).Seconds()/idle.Seconds())
 		smaps, err := procmem.Smaps(p.cmd.Process.Pid)
 		if err != nil {
@@ -398,13 +452,24 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 		t.Logf("  %s%s", smaps, goRuntime)
 	}
 	ratio := func(a, b *proc, field string) float64 { return float64(st[a][field]) / float64(st[b][field]) }
-	t.Logf("RESULT VmRSS (RssAnon + RssFile) [VmHWM] MiB: vfnet %d devices %.1f (%.1f + %.1f) [%.1f], vfnet %d devices %.1f (%.1f + %.1f) [%.1f], dra-example %d devices %.1f (%.1f + %.1f) [%.1f]",
-		vfnet.devices, mib(st[vfnet]["VmRSS"]), mib(st[vfnet]["RssAnon"]), mib(st[vfnet]["RssFile"]), mib(st[vfnet]["VmHWM"]),
-		vfnetSmall.devices, mib(st[vfnetSmall]["VmRSS"]), mib(st[vfnetSmall]["RssAnon"]), mib(st[vfnetSmall]["RssFile"]), mib(st[vfnetSmall]["VmHWM"]),
-		peer.devices, mib(st[peer]["VmRSS"]), mib(st[peer]["RssAnon"]), mib(st[peer]["RssFile"]), mib(st[peer]["VmHWM"]))
+	t.Logf("RESULT peer source: %s", peerDesc)
+	for _, p := range procs {
+		t.Logf("RESULT %s (%s) built and run with %s", p.name, p.node, p.config)
+	}
+	row := func(label string, p *proc) string {
+		return fmt.Sprintf("%s %d devices %.1f (%.1f + %.1f) [%.1f]", label, p.devices,
+			mib(st[p]["VmRSS"]), mib(st[p]["RssAnon"]), mib(st[p]["RssFile"]), mib(st[p]["VmHWM"]))
+	}
+	t.Logf("RESULT VmRSS (RssAnon + RssFile) [VmHWM] MiB: %s, %s, %s, %s",
+		row("vfnet", vfnet), row("vfnet", vfnetSmall), row("dra-example at Go's defaults", peer), row("dra-example as vfnet", peerTuned))
 	for _, v := range []*proc{vfnet, vfnetSmall} {
-		t.Logf("RESULT vfnet %d devices / dra-example %d devices: VmRSS %.2f, RssAnon %.2f, RssFile %.2f",
-			v.devices, peer.devices, ratio(v, peer, "VmRSS"), ratio(v, peer, "RssAnon"), ratio(v, peer, "RssFile"))
+		for _, pp := range []struct {
+			label string
+			p     *proc
+		}{{"at Go's defaults", peer}, {"as vfnet", peerTuned}} {
+			t.Logf("RESULT vfnet %d devices / dra-example %d devices %s: VmRSS %.2f, RssAnon %.2f, RssFile %.2f",
+				v.devices, pp.p.devices, pp.label, ratio(v, pp.p, "VmRSS"), ratio(v, pp.p, "RssAnon"), ratio(v, pp.p, "RssFile"))
+		}
 	}
 	t.Logf("RESULT vfnet per extra device (%d -> %d): %.1f KiB",
 		vfnetSmall.devices, vfnet.devices, float64(st[vfnet]["VmRSS"]-st[vfnetSmall]["VmRSS"])/float64(vfnet.devices-vfnetSmall.devices))
