@@ -104,69 +104,31 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	if err := os.MkdirAll(w.Root, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI directory %s (--cdi-root): %w", w.Root, err)
 	}
-	final := w.SpecPath(claimUID)
 	// The temporary file is validated the way a runtime will read it and
 	// then renamed into place, so what is validated is exactly what is
 	// installed. Runtimes ignore its .tmp name.
-	tmp, err := os.CreateTemp(w.Root, checkpoint.TempGlob(filepath.Base(final)))
-	if err != nil {
-		return nil, fmt.Errorf("write CDI spec for claim %s: create a temporary file in %s (--cdi-root): %w", claimUID, w.Root, err)
-	}
-	if err := writeSynced(tmp, data); err != nil {
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
-	}
-	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("CDI spec for claim %s fails CDI validation: %w", claimUID, err)
-	}
-	if w.Hook != nil {
-		w.Hook(StepTempWritten)
-	}
-	if err := os.Rename(tmp.Name(), final); err != nil {
-		_ = os.Remove(tmp.Name())
-		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
-	}
-	if err := syncDir(w.Root); err != nil {
-		return nil, fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
+	var invalid error
+	err = checkpoint.WriteFileAtomicChecked(w.SpecPath(claimUID), data, 0o644, func(tmp string) error {
+		if _, err := cdiapi.ReadSpec(tmp, 0); err != nil {
+			invalid = fmt.Errorf("CDI spec for claim %s fails CDI validation: %w", claimUID, err)
+			return invalid
+		}
+		if w.Hook != nil {
+			w.Hook(StepTempWritten)
+		}
+		return nil
+	})
+	switch {
+	case invalid != nil:
+		return nil, invalid
+	case err != nil:
+		return nil, fmt.Errorf("write CDI spec for claim %s in %s (--cdi-root): %w", claimUID, w.Root, err)
 	}
 	ids := make([]string, len(devices))
 	for i, d := range devices {
 		ids[i] = DeviceID(claimUID, d.Name)
 	}
 	return ids, nil
-}
-
-// writeSynced writes data to f, makes it readable by the runtime, flushes
-// it to disk and closes f.
-func writeSynced(f *os.File, data []byte) error {
-	_, err := f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("temporary file %s: %w", f.Name(), err)
-	}
-	return nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open directory %s to fsync it: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
 }
 
 // validateName is the validation copy older drivers wrote before the spec

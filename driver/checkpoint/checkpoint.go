@@ -285,6 +285,14 @@ func GlobEscape(path string) string {
 // WriteFileAtomic replaces path with data so that readers (and a reader
 // after a crash or power loss) see either the old or the new content.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return WriteFileAtomicChecked(path, data, perm, nil)
+}
+
+// WriteFileAtomicChecked is WriteFileAtomic with check run on the complete,
+// synced temporary file before the rename: what check accepts is exactly
+// what is installed, and a check error (returned as it is) installs
+// nothing and removes the temporary file.
+func WriteFileAtomicChecked(path string, data []byte, perm os.FileMode, check func(tmp string) error) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, TempGlob(filepath.Base(path)))
 	if err != nil {
@@ -309,6 +317,12 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := tmp.Close(); err != nil {
 		cleanup()
 		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	if check != nil {
+		if err := check(tmp.Name()); err != nil {
+			cleanup()
+			return err
+		}
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		cleanup()

@@ -2,15 +2,9 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -33,15 +27,12 @@ import (
 // count reconciler asks for (prepare gets single claims by name).
 const claimsListPath = "/apis/resource.k8s.io/v1/resourceclaims"
 
-// faultProxy is a reverse proxy on loopback between one driver and the
-// real API server: TLS on both sides, the driver's own token passed
-// through (so RBAC is the real one). Every request goes through unchanged
-// except the cluster-wide ResourceClaims list while a fault is set:
-// "unavailable" answers it 503 as an overloaded API server does, "slow"
-// holds it without an answer until the client gives up.
+// faultProxy fails the driver's cluster-wide ResourceClaims list (an
+// apiProxy) while a fault is set: "unavailable" answers it 503 as an
+// overloaded API server does, "slow" holds it without an answer until the
+// client gives up. Every other request passes.
 type faultProxy struct {
-	srv   *httptest.Server
-	rp    *httputil.ReverseProxy
+	*apiProxy
 	lists atomic.Int32 // cluster-wide claim lists the driver sent
 
 	mu    sync.Mutex
@@ -50,38 +41,9 @@ type faultProxy struct {
 
 func startFaultProxy(t *testing.T, plane *controlplane.Plane) *faultProxy {
 	t.Helper()
-	target, err := url.Parse(plane.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(plane.AdminRESTConfig().TLSClientConfig.CAData) {
-		t.Fatal("control plane CA data holds no certificate")
-	}
 	p := &faultProxy{}
-	p.rp = &httputil.ReverseProxy{
-		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
-		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true},
-		FlushInterval: -1, // watches stream
-		// A client that hangs up (a canceled watch) is not an error here.
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) },
-	}
-	p.srv = httptest.NewUnstartedServer(p)
-	p.srv.EnableHTTP2 = true
-	p.srv.StartTLS()
-	t.Cleanup(func() {
-		// The driver's watches are open: no new connections, drop the open
-		// ones, then wait for the handlers.
-		p.srv.Listener.Close()
-		p.srv.CloseClientConnections()
-		p.srv.Close()
-	})
+	p.apiProxy = startAPIProxy(t, plane, p.intercept)
 	return p
-}
-
-// endpoint is the proxy as the driver's kubeconfig names it.
-func (p *faultProxy) endpoint() *flow.APIServer {
-	return &flow.APIServer{URL: p.srv.URL, CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.srv.Certificate().Raw})}
 }
 
 func (p *faultProxy) set(fault string) {
@@ -90,25 +52,26 @@ func (p *faultProxy) set(fault string) {
 	p.mu.Unlock()
 }
 
-func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet && r.URL.Path == claimsListPath && r.URL.Query().Get("watch") != "true" {
-		p.lists.Add(1)
-		p.mu.Lock()
-		fault := p.fault
-		p.mu.Unlock()
-		switch fault {
-		case "unavailable":
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(&metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-				Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable, Message: "the server is currently unable to handle the request"})
-			return
-		case "slow":
-			<-r.Context().Done() // the driver's timeout, or the proxy closing
-			return
-		}
+func (p *faultProxy) intercept(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet || r.URL.Path != claimsListPath || r.URL.Query().Get("watch") == "true" {
+		return false
 	}
-	p.rp.ServeHTTP(w, r)
+	p.lists.Add(1)
+	p.mu.Lock()
+	fault := p.fault
+	p.mu.Unlock()
+	switch fault {
+	case "unavailable":
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(&metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+			Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable, Message: "the server is currently unable to handle the request"})
+		return true
+	case "slow":
+		<-r.Context().Done() // the driver's timeout, or the proxy closing
+		return true
+	}
+	return false
 }
 
 // nodeEvent waits for an Event on node with reason whose message holds

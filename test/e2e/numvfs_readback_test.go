@@ -2,16 +2,10 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,15 +29,12 @@ const (
 	sliceLists  = "ResourceSlice lists"  // the driver reading its slices back
 )
 
-// sliceGate is a reverse proxy on loopback between one driver and the real
-// API server: TLS on both sides, the driver's own token passed through (so
-// RBAC and admission are the real ones). It can hold the driver's
-// ResourceSlice writes, or its ResourceSlice lists, without an answer, as
-// an API server that stopped answering them would; every other request
-// (claims, events, watches) passes.
+// sliceGate holds the driver's ResourceSlice writes, or its ResourceSlice
+// lists, without an answer (an apiProxy), as an API server that stopped
+// answering them would; every other request (claims, events, watches)
+// passes.
 type sliceGate struct {
-	srv *httptest.Server
-	rp  *httputil.ReverseProxy
+	*apiProxy
 
 	mu    sync.Mutex
 	gates map[string]chan struct{} // class -> closed on release; absent: passes
@@ -53,38 +44,14 @@ type sliceGate struct {
 
 func startSliceGate(t *testing.T, plane *controlplane.Plane) *sliceGate {
 	t.Helper()
-	target, err := url.Parse(plane.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(plane.AdminRESTConfig().TLSClientConfig.CAData) {
-		t.Fatal("control plane CA data holds no certificate")
-	}
 	g := &sliceGate{gates: map[string]chan struct{}{}, held: map[string]int{}, seen: map[string]int{}}
-	g.rp = &httputil.ReverseProxy{
-		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
-		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true},
-		FlushInterval: -1, // watches stream
-		// A client that hangs up (a canceled watch or list) is no error here.
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) },
-	}
-	g.srv = httptest.NewUnstartedServer(g)
-	g.srv.EnableHTTP2 = true
-	g.srv.StartTLS()
+	g.apiProxy = startAPIProxy(t, plane, g.intercept)
+	// Runs before the proxy's own cleanup: held requests end first.
 	t.Cleanup(func() {
 		g.release(sliceWrites)
 		g.release(sliceLists)
-		g.srv.Listener.Close()
-		g.srv.CloseClientConnections()
-		g.srv.Close()
 	})
 	return g
-}
-
-// endpoint is the proxy as the driver's kubeconfig names it.
-func (g *sliceGate) endpoint() *flow.APIServer {
-	return &flow.APIServer{URL: g.srv.URL, CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: g.srv.Certificate().Raw})}
 }
 
 // sliceGateClass names the class of a ResourceSlice write or list ("" otherwise).
@@ -127,24 +94,27 @@ func (g *sliceGate) counts(class string) (seen, held int) {
 	return g.seen[class], g.held[class]
 }
 
-func (g *sliceGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if class := sliceGateClass(r); class != "" {
-		g.mu.Lock()
-		g.seen[class]++
-		gate := g.gates[class]
-		if gate != nil {
-			g.held[class]++
-		}
-		g.mu.Unlock()
-		if gate != nil {
-			select {
-			case <-gate:
-			case <-r.Context().Done(): // the driver gave up, or the proxy closes
-				return
-			}
-		}
+func (g *sliceGate) intercept(w http.ResponseWriter, r *http.Request) bool {
+	class := sliceGateClass(r)
+	if class == "" {
+		return false
 	}
-	g.rp.ServeHTTP(w, r)
+	g.mu.Lock()
+	g.seen[class]++
+	gate := g.gates[class]
+	if gate != nil {
+		g.held[class]++
+	}
+	g.mu.Unlock()
+	if gate == nil {
+		return false
+	}
+	select {
+	case <-gate:
+		return false // released: the request goes on to the API server
+	case <-r.Context().Done(): // the driver gave up, or the proxy closes
+		return true
+	}
 }
 
 // countTaintWatch follows a node's ResourceSlices through a watch of the
