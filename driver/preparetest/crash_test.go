@@ -203,7 +203,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		// What it checks happens across processes, where the race
 		// detector sees nothing; it only made each child about 20 times
 		// slower. The other tests of this package race prepare's goroutines.
-		t.Skip("runs without -race: make unit runs it as go test -run '^TestCrashAtEveryStep$' ./driver/preparetest")
+		t.Skip("runs without -race: make test-unit runs it as go test -run '^TestCrashAtEveryStep$' ./driver/preparetest")
 	}
 	t.Parallel()
 	// Reference states: the host as built and the host fully prepared.

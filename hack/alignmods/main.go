@@ -33,7 +33,7 @@ type build struct {
 }
 
 // builds mirrors what make test compiles in each module (test/tools/build.sh,
-// test/nodetools/build.sh, test/helm/build.sh and make helm-tests).
+// test/nodetools/build.sh, test/helm/build.sh and make test-helm).
 var builds = []build{
 	{".", "grpcnotrace", []string{"./..."}},
 	{"test/tools", "grpcnotrace", []string{"go.etcd.io/etcd/server/v3", "k8s.io/kubernetes/cmd/kube-apiserver",

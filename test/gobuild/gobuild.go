@@ -37,7 +37,7 @@ func Shipped(ctx context.Context, repo string, pkgs ...string) (string, error) {
 
 // KubeVirt builds pkgs of test/kubevirt (KubeVirt v1.9.0's own code, its
 // own module) into Dir(repo, "kubevirt") and returns that directory: static
-// and -trimpath, as `make vet-kubevirt` and `make kubevirt-tests` compile
+// and -trimpath, as `make vet-kubevirt` and `make test-kubevirt` compile
 // that module, so its large dependency tree compiles once on a cold Go
 // cache. A `go run` or a build in another configuration compiles all of it
 // again, and several tests doing that at once each compile it in full.

@@ -7,7 +7,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
-# The product's configuration (pkg/shipbuild), as `make helm-tests` builds
+# The product's configuration (pkg/shipbuild), as `make test-helm` builds
 # the tests, with the same versions of the modules the product and the
 # control plane also compile (hack/alignmods): the Kubernetes libraries
 # compile once on a cold Go cache.

@@ -1,5 +1,5 @@
 // Helm module: renders and lints deployments/helm/vfnet with the Helm v4 SDK
-// and compares it with manifests/ through kustomize's API (make helm-tests);
+// and compares it with manifests/ through kustomize's API (make test-helm);
 // builds the Helm CLI the real-node tier uses (build.sh, tools.go). Separate
 // from the product module so the SDK's dependencies stay out of it.
 module github.com/vfnet-io/vfnet/test/helm

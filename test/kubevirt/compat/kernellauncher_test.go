@@ -103,7 +103,7 @@ func readEnvFile(path string) (map[string]string, error) {
 // finds one.
 func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	bin := needBinding(t)
-	// make kubevirt-tests prepares libvirt and QEMU first and sets this:
+	// make test-kubevirt prepares libvirt and QEMU first and sets this:
 	// then a missing piece fails the test instead of skipping it.
 	skip := t.Skipf
 	if os.Getenv("VFNET_REQUIRE_LIBVIRT") == "1" {

@@ -65,7 +65,7 @@ func needBinding(t *testing.T) string {
 }
 
 // needRoot ends a test that needs root: a failure under make
-// kubevirt-tests (VFNET_REQUIRE_LIBVIRT=1, where a skip would pass a tier
+// test-kubevirt (VFNET_REQUIRE_LIBVIRT=1, where a skip would pass a tier
 // that tested nothing), a skip in a developer's go test.
 func needRoot(t *testing.T, why string) {
 	t.Helper()

@@ -33,7 +33,7 @@ type Config struct {
 	Log    io.Writer // sidecars' own logs
 	// AsTiers builds each sidecar as the other tests build its module:
 	// vfnet-binding as shipped, the passt sidecar static and -trimpath as
-	// `make kubevirt-tests`, so on a cold Go cache the smoke test compiles
+	// `make test-kubevirt`, so on a cold Go cache the smoke test compiles
 	// neither tree again. Off (bindingbench), both build alike with only
 	// what the environment sets, the comparison's condition.
 	AsTiers bool
