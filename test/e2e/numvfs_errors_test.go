@@ -285,14 +285,20 @@ func TestNumVFsWaitsWhileClaimsCannotBeListed(t *testing.T) {
 			t.Fatalf("%s: remove the fault: %v", c.name, err)
 		}
 		fixed := time.Now()
+		// While the change runs, sysfs passes through 0 VFs and a PF whose
+		// sriov_numvfs is being written (discovery skips it), and the API
+		// server's slices lag: a read that fails is a state to wait out.
+		var last error
 		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			got, links, err := pfNumVFs(ctx, n, pf0)
 			if err != nil || got != want || links != want {
-				return false, err
+				last = fmt.Errorf("PF reads %d VFs, %d links (%v)", got, links, err)
+				return false, nil
 			}
 			taints, err := countTaints(ctx, env, n.Name)
 			if err != nil || len(taints) != want {
-				return false, err
+				last = fmt.Errorf("%d published VFs with a count taint entry (%v)", len(taints), err)
+				return false, nil
 			}
 			for _, v := range taints {
 				if v != "" {
@@ -302,7 +308,7 @@ func TestNumVFsWaitsWhileClaimsCannotBeListed(t *testing.T) {
 			return true, nil
 		})
 		if err != nil {
-			t.Fatalf("%s: fault removed, PF %s not at %d untainted VFs: %v\n%s", c.name, pf0, want, err, n.DriverLog(4000))
+			t.Fatalf("%s: fault removed, PF %s not at %d untainted VFs: %v (last: %v)\n%s", c.name, pf0, want, err, last, n.DriverLog(4000))
 		}
 		t.Logf("measured: %s: fault removed -> %d VFs published untainted: %v", c.name, want, time.Since(fixed).Round(100*time.Millisecond))
 		cur = want

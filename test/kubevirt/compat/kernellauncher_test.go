@@ -341,7 +341,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 // its output; the launcher must end with OK.
 func execKernelLauncher(t *testing.T, tmp string, env []string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "unshare", append([]string{"-m", "bash", "-c", kernelLauncherScript, "kernellauncher"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
