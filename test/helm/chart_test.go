@@ -151,9 +151,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 	}
 }
 
-// TestChartMetricsMatchComponents: each metrics value renders what the
+// TestChartValuesMatchComponents: each optional value renders what the
 // kustomize component of the same purpose adds.
-func TestChartMetricsMatchComponents(t *testing.T) {
+func TestChartValuesMatchComponents(t *testing.T) {
 	r := repo(t)
 	for _, tc := range []struct {
 		component string
@@ -161,6 +161,7 @@ func TestChartMetricsMatchComponents(t *testing.T) {
 	}{
 		{"podmonitor", "metrics: {podMonitor: {enabled: true}}"},
 		{"prometheus-scrape", "metrics: {prometheusScrape: {enabled: true}}"},
+		{"kubevirt-v1.9-sidecar-claims", "kubevirt: {v19SidecarClaims: {enabled: true}}"},
 	} {
 		t.Run(tc.component, func(t *testing.T) {
 			var vals map[string]any
@@ -298,6 +299,8 @@ driver:
 metrics:
   prometheusScrape: {enabled: true}
   podMonitor: {enabled: true, interval: 10s, labels: {release: prom}}
+kubevirt:
+  v19SidecarClaims: {enabled: true}
 `
 	var v map[string]any
 	if err := yaml.Unmarshal([]byte(vals), &v); err != nil {
@@ -373,6 +376,14 @@ metrics:
 	if len(eps) != 1 || eps[0].(map[string]any)["interval"] != "10s" {
 		t.Errorf("PodMonitor endpoints %v", eps)
 	}
+	for _, k := range []string{"MutatingAdmissionPolicy vfnet-kubevirt-v1.9-sidecar-claims", "MutatingAdmissionPolicyBinding vfnet-kubevirt-v1.9-sidecar-claims"} {
+		if objs[k] == nil {
+			t.Errorf("kubevirt.v19SidecarClaims.enabled renders no %s; objects: %v", k, sortedKeys(objs))
+		}
+	}
+	if !strings.Contains(c.Notes, "kubevirt.v19SidecarClaims.enabled, on here") {
+		t.Errorf("NOTES do not say the KubeVirt v1.9 policy is on:\n%s", c.Notes)
+	}
 	if !strings.Contains(c.Notes, `"sidecarImage":"registry.example/vfnet-binding:v9"`) {
 		t.Errorf("NOTES do not register the binding image:\n%s", c.Notes)
 	}
@@ -416,6 +427,9 @@ func TestNotesRegisterBinding(t *testing.T) {
 	want := valuesFile(t, filepath.Join(r, "manifests", "kubevirt", "binding-patch.yaml"))
 	if d := diffValue("", map[string]any{"spec": want["spec"]}, got); len(d) > 0 {
 		t.Errorf("NOTES.txt's patch differs from manifests/kubevirt/binding-patch.yaml's spec (want: the file):\n%s", strings.Join(d, "\n"))
+	}
+	if !strings.Contains(c.Notes, "kubevirt.v19SidecarClaims.enabled, off here") {
+		t.Errorf("NOTES do not say the KubeVirt v1.9 policy is off:\n%s", c.Notes)
 	}
 	// The uninstall notes name what stays on a node for an admin.
 	for _, s := range []string{"checkpoint.json", "vfnet-prepare.lock", "vfnet-migration.lock", "serialize.lock", "dra-device-metadata/", "/var/run/cdi/sriov.vfnet.io-vf_", "--create-namespace"} {

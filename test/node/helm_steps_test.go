@@ -185,6 +185,15 @@ func (e *env) testHelmUninstall(t *testing.T) {
 			_, err := e.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "vfnet-driver-own-node-resourceslices", metav1.GetOptions{})
 			return err
 		},
+		// kubevirt.v19SidecarClaims (testdata/helm-values.yaml).
+		"MutatingAdmissionPolicy": func(ctx context.Context) error {
+			_, err := e.Kube.AdmissionregistrationV1().MutatingAdmissionPolicies().Get(ctx, "vfnet-kubevirt-v1.9-sidecar-claims", metav1.GetOptions{})
+			return err
+		},
+		"MutatingAdmissionPolicyBinding": func(ctx context.Context) error {
+			_, err := e.Kube.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, "vfnet-kubevirt-v1.9-sidecar-claims", metav1.GetOptions{})
+			return err
+		},
 		"DeviceClass vfnet-physnet-a": func(ctx context.Context) error {
 			_, err := e.Kube.ResourceV1().DeviceClasses().Get(ctx, "vfnet-physnet-a", metav1.GetOptions{})
 			return err

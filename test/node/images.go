@@ -32,9 +32,10 @@ const (
 )
 
 // LauncherPodArgs are genlauncherpod's flags for the pod the tier runs: the
-// VMI as virt-api mutates it (non-root: containers run as 107) and the
-// binding sidecar with the VM's claims, as KubeVirt renders it from v1.10.
-func LauncherPodArgs() []string { return []string{"-virt-api-mutations", "-v110-sidecar-claims"} }
+// VMI as virt-api mutates it (non-root: containers run as 107), rendered as
+// v1.9.0 does (the binding sidecar without claims; the install's KubeVirt
+// v1.9 component gives them at admission).
+func LauncherPodArgs() []string { return []string{"-virt-api-mutations"} }
 
 // Artifacts are what the parent test builds before entering the namespace
 // (the namespace has no network: nothing may need the module proxy there).
