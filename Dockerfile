@@ -6,7 +6,7 @@
 # grpcnotrace drops grpc's x/net/trace (off by default anyway), which keeps
 # text/template out and the binaries ~40% smaller (less RSS per VM pod).
 # ./cmd/vfnet-driver is the driver without the simulator: --simulate and
-# pkg/simhost are only in ./cmd/vfnet-driver-sim, for tests and the demo
+# test/lib/simhost are only in ./test/cmd/vfnet-driver-sim, for tests and the demo
 # (TestDockerfile checks the driver built here carries none).
 
 ARG GO_VERSION=1.26.8

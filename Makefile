@@ -18,14 +18,14 @@ GOTEST_FLAGS ?= -race -trimpath -vet=off -count=1 -timeout 40m
 # (stack traces and race reports come from the runtime's own tables), the
 # shipped binaries are stripped anyway, and a cold compile takes about 10%
 # less CPU, its cache a fifth less disk (BENCHMARKS.md). Exported, so the
-# builds the tests and scripts run (test/gobuild, the real-kernel guest,
-# test/tools/build.sh, ...) compile the same packages as make's own. A go
+# builds the tests and scripts run (test/lib/gobuild, the real-kernel guest,
+# test/builds/kubernetes/build.sh, ...) compile the same packages as make's own. A go
 # build or go test by hand keeps Go's default and its own cache entries.
 export GOFLAGS := $(strip $(GOFLAGS) -gcflags=all=-dwarf=false -ldflags=-w)
 # Each tier ends with one line of its wall and CPU time (its children's too),
 # so a slow CI run shows which tier took the machine.
 TIMED = TIMEFORMAT='== $@: %0R s wall, %0U s user + %0S s sys CPU'; time
-# The shipped binaries' configuration (pkg/shipbuild checks it), for the
+# The shipped binaries' configuration (hack/shipbuild checks it), for the
 # tests that run without -race: they reuse the packages compiled for the
 # binaries the tests build and run, so a cold Go cache compiles the module's
 # dependency tree twice (this and -race), not once per set of flags.
@@ -33,7 +33,7 @@ SHIPPED_ENV := CGO_ENABLED=0
 SHIPPED_GOFLAGS := -trimpath -tags grpcnotrace
 # The gates' builds and vets run one compiler thread per core (GOMAXPROCS=1,
 # -p = cores): about 10% less CPU than Go's default on a machine whose cores
-# all run compiles (test/tools/build.sh says why). Not for go test: its test
+# all run compiles (test/builds/kubernetes/build.sh says why). Not for go test: its test
 # binaries would inherit GOMAXPROCS.
 ONE_THREAD := GOMAXPROCS=1
 CORES := -p $(shell nproc)
@@ -49,8 +49,8 @@ help: ## list the targets
 
 all: build ## same as build
 
-build: ## bin/vfnet-driver, bin/vfnet-driver-sim, bin/vfnet-binding, bin/vfnet-demo
-	$(GO) build -trimpath -tags grpcnotrace -o bin/ ./cmd/...
+build: ## bin/vfnet-driver and bin/vfnet-binding (what ships), bin/vfnet-driver-sim and bin/vfnet-demo (tests, demos)
+	$(GO) build -trimpath -tags grpcnotrace -o bin/ ./cmd/... ./test/cmd/...
 
 deps: ## install the Debian packages the tiers use (root)
 	@hack/install-deps.sh
@@ -58,7 +58,7 @@ deps: ## install the Debian packages the tiers use (root)
 # The control-plane binaries (etcd, kube-apiserver, kube-scheduler,
 # kube-controller-manager, kubectl) built once into $(CACHE)/k8s-bin.
 k8s-bin: ## build the control plane and kubelet into .cache/k8s-bin (about 15 min cold)
-	@test/tools/build.sh >/dev/null
+	@test/builds/kubernetes/build.sh >/dev/null
 
 # Each build configuration is compiled by one target, which the tiers that
 # share it wait for: Go's cache does not stop processes that start together
@@ -82,7 +82,7 @@ vet-helm: ## go vet test/helm (Helm v4 SDK)
 	$(TIMED) ( cd test/helm && $(SHIPPED_ENV) $(ONE_THREAD) $(NICE_BUILD) $(GO) vet $(CORES) $(SHIPPED_GOFLAGS) ./... )
 
 # The shipped configuration: the guest's binaries, the images, every binary
-# the tests build (test/gobuild), the tests that run without -race.
+# the tests build (test/lib/gobuild), the tests that run without -race.
 build-shipped: ## build every package as the shipped binaries are built
 	$(TIMED) $(SHIPPED_ENV) $(ONE_THREAD) $(GO) build $(CORES) $(SHIPPED_GOFLAGS) ./...
 
@@ -105,10 +105,10 @@ UNIT_ELSEWHERE := ^(TestRealKernel|TestRealNode|TestIdleMemoryVsExampleDriver|Te
 # The crash test's children are other processes, where -race sees nothing
 # and costs ~20x: it runs here without -race.
 test-unit: vet-race build-shipped kernel-deps testreport ## go test -race of the module (e2e on a real control plane included)
-	$(TIMED) ( set -o pipefail; export VFNET_K8S_BIN=$$(test/tools/build.sh) \
+	$(TIMED) ( set -o pipefail; export VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) \
 	  && $(NICE_UNIT) $(GO) test -json $(GOTEST_FLAGS) -skip '$(UNIT_ELSEWHERE)' $$($(GO) list ./... | grep -v '/test/kernel/guest$$') \
 	  | $(REPORT) -tier test-unit \
-	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test -json $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./driver/preparetest \
+	  && $(SHIPPED_ENV) $(NICE_UNIT) $(GO) test -json $(filter-out -race -trimpath,$(GOTEST_FLAGS)) $(SHIPPED_GOFLAGS) -run '^TestCrashAtEveryStep$$' ./test/prepare \
 	  | $(REPORT) -tier test-unit-crash -want TestCrashAtEveryStep )
 
 # The real-kernel tier (test/kernel): a Debian kernel under QEMU with emulated
@@ -122,7 +122,7 @@ virt-deps: ## libvirt 11.x for the vm case and test-kubevirt, into .cache/virt
 
 # The netns case runs the real driver against a control plane on the host.
 test-kernel: kernel-deps virt-deps k8s-bin build-shipped vet-kubevirt testreport ## real-kernel tier: a Debian kernel in QEMU with emulated SR-IOV (VFNET_KERNEL_CASES=a,b)
-	$(TIMED) ( set -o pipefail; VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 60m -run '^TestRealKernel$$' ./test/kernel/ \
+	$(TIMED) ( set -o pipefail; VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) VFNET_REAL_KERNEL=1 $(SHIPPED_ENV) $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 60m -run '^TestRealKernel$$' ./test/kernel/ \
 	  | $(REPORT) -tier test-kernel -v -want TestRealKernel )
 
 # Built as the real-node tier builds its KubeVirt stand-ins (static, -trimpath;
@@ -152,13 +152,13 @@ helm-bin: vet-helm ## build the Helm v4 CLI into .cache/helm-bin
 # containerd, its shim and ctr for the real-node tier, built once into
 # $(CACHE)/node-bin (about 4 CPU-minutes the first time).
 node-bin: ## build containerd, its shim and ctr into .cache/node-bin
-	@test/nodetools/build.sh >/dev/null
+	@test/builds/containerd/build.sh >/dev/null
 
 # The real-node tier alone: a real kubelet and containerd in a private
 # mount + network namespace, vfnet installed from manifests/ and then with
 # the Helm chart (test/node).
 test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin testreport ## real-node tier: kubelet + containerd in private namespaces (root)
-	$(TIMED) ( set -o pipefail; VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/tools/build.sh) VFNET_NODE_BIN=$$(test/nodetools/build.sh) \
+	$(TIMED) ( set -o pipefail; VFNET_REAL_NODE=1 VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) VFNET_NODE_BIN=$$(test/builds/containerd/build.sh) \
 	  VFNET_HELM_BIN=$$(test/helm/build.sh) \
 	  $(GO) test -json $(GOTEST_FLAGS) -run '^TestRealNode$$' ./test/node/ | $(REPORT) -tier test-node -v -want TestRealNode )
 
@@ -178,7 +178,7 @@ check-root: ## fail early, naming what needs root, when not root
 	@if [ "$$(id -u)" != 0 ]; then \
 	  echo "make test needs root (you are uid $$(id -u)); these parts need it:"; \
 	  echo "  deps           apt-get installs the Debian packages the tiers use"; \
-	  echo "  test-unit      network namespaces (pkg/vflink), device nodes (pkg/simhost), mount namespaces (test/node)"; \
+	  echo "  test-unit      network namespaces (driver/kernel/vflink), device nodes (test/lib/simhost), mount namespaces (test/node)"; \
 	  echo "  test-node      a kubelet and containerd in private mount and network namespaces"; \
 	  echo "  test-kubevirt  libvirtd and the binding as uid 107 in a private mount namespace (unshare, setpriv)"; \
 	  echo "  test-kernel    a cold guest build unpacks Debian packages with the deps' private apt"; \
@@ -187,7 +187,7 @@ check-root: ## fail early, naming what needs root, when not root
 	fi
 
 demo: deps k8s-bin ## the flow, narrated, on a simulated node and a real control plane
-	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) run ./cmd/vfnet-demo
+	VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) $(GO) run ./test/cmd/vfnet-demo
 
 generate: ## regenerate the hooks protobuf code with pinned generators
 	hack/generate.sh
@@ -219,7 +219,7 @@ bench-binding: ## vfnet-binding against KubeVirt v1.9.0 passt sidecar, three run
 # BENCH_SCALE_ARGS=-scale.scheduler-feature-gates=SchedulerPreQueueingHints=true
 BENCH_SCALE_ARGS ?=
 bench-scale: k8s-bin ## 100 nodes x 256 VFs through the real scheduler, three runs
-	VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test -run '^$$' -bench ManyNodes -benchtime 1x -count 3 -timeout 90m \
+	VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) $(GO) test -run '^$$' -bench ManyNodes -benchtime 1x -count 3 -timeout 90m \
 	  ./test/scale -args $(BENCH_SCALE_ARGS)
 
 # vfnet-driver's idle RSS next to kubernetes-sigs/dra-example-driver's kubelet
@@ -245,11 +245,11 @@ bench-peers: ## idle RSS against dra-example-driver at its pinned commit, three 
 	  git -C "$$src.tmp" checkout --quiet --detach $(PEER_COMMIT); \
 	  mv "$$src.tmp" "$$src"; echo "bench-peers: $$src at $(PEER_COMMIT), from $(PEER_GIT_DIR)"; \
 	fi
-	VFNET_BENCH_PEERS=1 VFNET_K8S_BIN=$$(test/tools/build.sh) $(GO) test -count=3 -v -timeout 40m \
+	VFNET_BENCH_PEERS=1 VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) $(GO) test -count=3 -v -timeout 40m \
 	  -run '^TestIdleMemoryVsExampleDriver$$' ./test/peers
 
 # With a Docker engine: the Dockerfile's targets. Without one: the same static
-# builds packed as OCI archives by pkg/ociimage (bin/images/vfnet-{driver,binding}.tar;
+# builds packed as OCI archives by hack/ociimage (bin/images/vfnet-{driver,binding}.tar;
 # `ctr -n k8s.io images import`, `docker load -i` or `skopeo copy oci-archive:` load them).
 images: ## both images: Docker from the Dockerfile, else OCI archives in bin/images
 	@if docker info >/dev/null 2>&1; then \

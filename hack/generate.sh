@@ -49,9 +49,9 @@ fi
 # version up on the proxy even with a warm module cache (for deprecation
 # notices), and a fresh clone's CI run failed on that lookup's TLS timeout.
 # go build is its own up-to-date check (0.5 s when nothing changed). As the
-# shipped binaries build (pkg/shipbuild), so the protobuf packages they share
+# shipped binaries build (hack/shipbuild), so the protobuf packages they share
 # with the product compile once on a cold Go cache; one compiler thread per
-# core (test/tools/build.sh).
+# core (test/builds/kubernetes/build.sh).
 GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -tags grpcnotrace -o "$bin/" \
   google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 )
 
 func TestRoundTrip(t *testing.T) {

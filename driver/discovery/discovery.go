@@ -1,5 +1,5 @@
-// Package discovery turns the host's SR-IOV model (pkg/sysfs) and the node
-// configuration (pkg/nodeconfig) into the list of VFs vfnet-driver offers,
+// Package discovery turns the host's SR-IOV model (driver/kernel/sysfs) and the node
+// configuration (pkg/api/nodeconfig) into the list of VFs vfnet-driver offers,
 // with their DRA device names and attributes.
 //
 // What is not offered, and why:
@@ -47,10 +47,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/pciaddr"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // DriverName is the DRA driver name; CDIKind the CDI kind of its devices.

@@ -10,11 +10,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vfioholders"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 func mixedPFs(t *testing.T) []sysfs.PF {

@@ -20,7 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 )
 
 // DefaultResendInterval re-sends an unchanged report before the kubelet's

@@ -20,7 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
 // VMIResource is the KubeVirt VMI resource the lookup reads.

@@ -11,7 +11,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/metrics"
-	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
+	"github.com/vfnet-io/vfnet/test/lib/scrape"
 )
 
 func TestServedMetrics(t *testing.T) {

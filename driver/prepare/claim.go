@@ -20,9 +20,9 @@ import (
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/pkg/pcibind"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 )
 
 // Hook step names (besides pcibind's): the crash tests stop after each.

@@ -11,9 +11,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 // TestPrepareUnprepareLogged: at the default verbosity (0) each successful

@@ -11,8 +11,8 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 func drainEvents(r *record.FakeRecorder) []string {

@@ -13,11 +13,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // A VF nobody set a MAC for reads 00:..:00 through the PF; once its VF

@@ -37,13 +37,13 @@ import (
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/vfconfig"
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
-	"github.com/vfnet-io/vfnet/pkg/pcibind"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
 )
 
 // MACFinder finds the VMI interface a claim's request backs and the MAC it

@@ -9,8 +9,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // A repeated prepare of a claim the checkpoint marks prepared looks at the

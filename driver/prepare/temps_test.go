@@ -19,9 +19,9 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 // A crash inside a file write leaves a temporary file. A starting driver

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // BenchmarkDiscoverAndBuildLargeHost is one rescan of a 4 PF x 256 VF host:

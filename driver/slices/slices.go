@@ -40,8 +40,8 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
 )
 
 // MaxDevicesPerSlice is the API server's limit for slices without taints or

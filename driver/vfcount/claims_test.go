@@ -20,7 +20,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // claimsAPI serves the cluster-wide ResourceClaims list over HTTP as

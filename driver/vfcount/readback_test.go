@@ -16,8 +16,8 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	vfslices "github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // The tests here drive a lowering 4 -> 2 of pf0 with a read-back that

@@ -37,8 +37,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 )
 
 // TaintKey marks the VFs a pending VF count change will destroy; the value

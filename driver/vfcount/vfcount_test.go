@@ -18,12 +18,12 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
 	vfslices "github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vfioholders"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // env is a simulated host driven through the driver's rescan loop with a

@@ -1,9 +1,9 @@
 // Command alignmods keeps the repository's Go modules on one version of
 // every module that more than one of them compiles. With the same build
-// flags (pkg/shipbuild) a package of the same module version with the same
+// flags (hack/shipbuild) a package of the same module version with the same
 // dependencies compiles to the same Go cache entry, so on a cold cache
 // client-go, apiserver, grpc and the rest compile once for the product,
-// the control plane (test/tools), containerd (test/nodetools) and Helm
+// the control plane (test/builds/kubernetes), containerd (test/builds/containerd) and Helm
 // (test/helm) instead of once each.
 //
 //	go run ./hack/alignmods          # raise the lower versions, go mod tidy
@@ -32,14 +32,14 @@ type build struct {
 	pkgs []string
 }
 
-// builds mirrors what make test compiles in each module (test/tools/build.sh,
-// test/nodetools/build.sh, test/helm/build.sh and make test-helm).
+// builds mirrors what make test compiles in each module (test/builds/kubernetes/build.sh,
+// test/builds/containerd/build.sh, test/helm/build.sh and make test-helm).
 var builds = []build{
 	{".", "grpcnotrace", []string{"./..."}},
-	{"test/tools", "grpcnotrace", []string{"go.etcd.io/etcd/server/v3", "k8s.io/kubernetes/cmd/kube-apiserver",
+	{"test/builds/kubernetes", "grpcnotrace", []string{"go.etcd.io/etcd/server/v3", "k8s.io/kubernetes/cmd/kube-apiserver",
 		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kube-scheduler",
 		"k8s.io/kubernetes/cmd/kubectl", "k8s.io/kubernetes/cmd/kubelet"}},
-	{"test/nodetools", "no_btrfs,grpcnotrace", []string{"github.com/containerd/containerd/v2/cmd/containerd",
+	{"test/builds/containerd", "no_btrfs,grpcnotrace", []string{"github.com/containerd/containerd/v2/cmd/containerd",
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/ctr"}},
 	{"test/helm", "grpcnotrace", []string{"./...", "helm.sh/helm/v4/cmd/helm"}},
 }
@@ -142,7 +142,7 @@ func Align(root string) error {
 					continue
 				}
 				edits[dir] = append(edits[dir], "-require="+m.Module+"@"+best)
-				// test/tools replaces the Kubernetes staging modules.
+				// test/builds/kubernetes replaces the Kubernetes staging modules.
 				if replaced, err := run(filepath.Join(root, dir), nil, "list", "-m", "-f", "{{with .Replace}}yes{{end}}", m.Module); err == nil && strings.TrimSpace(string(replaced)) == "yes" {
 					edits[dir] = append(edits[dir], "-replace="+m.Module+"="+m.Module+"@"+best)
 				}

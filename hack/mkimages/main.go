@@ -1,7 +1,7 @@
 // Command mkimages builds the vfnet-driver and vfnet-binding images as OCI
 // archives without a Docker engine (`make images` uses it when no engine is
 // reachable): the same static builds as the Dockerfile, packed by
-// pkg/ociimage. Run from the repository root:
+// hack/ociimage. Run from the repository root:
 //
 //	go run ./hack/mkimages [-o bin/images] [-driver vfnet-driver:dev] [-binding vfnet-binding:dev] [-arch amd64]
 //
@@ -17,8 +17,8 @@ import (
 	"path/filepath"
 	"runtime"
 
-	"github.com/vfnet-io/vfnet/pkg/ociimage"
-	"github.com/vfnet-io/vfnet/pkg/shipbuild"
+	"github.com/vfnet-io/vfnet/hack/ociimage"
+	"github.com/vfnet-io/vfnet/hack/shipbuild"
 )
 
 func main() {

@@ -10,8 +10,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/pkg/metadata"
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 	"github.com/vfnet-io/vfnet/sidecar/server"
 )
 

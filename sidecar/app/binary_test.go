@@ -17,8 +17,8 @@ import (
 
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/info"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
-	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
-	"github.com/vfnet-io/vfnet/test/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/sidecartest"
 )
 
 // buildBinary builds cmd/vfnet-binding the way an image build does.

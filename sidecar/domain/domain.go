@@ -22,10 +22,10 @@ import (
 	"k8s.io/klog/v2"
 	"libvirt.org/go/libvirtxml"
 
-	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
-	"github.com/vfnet-io/vfnet/pkg/pciaddr"
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	vfhostdev "github.com/vfnet-io/vfnet/pkg/contract/hostdev"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
 // AliasPrefix is the alias prefix of every hostdev vfnet writes.

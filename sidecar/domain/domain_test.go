@@ -8,9 +8,9 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
 )
 
 func hostdevs(t testing.TB, doc []byte) map[string]libvirtxml.DomainHostdev {

@@ -9,10 +9,10 @@ import (
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
-	"github.com/vfnet-io/vfnet/pkg/metadata/metadatatest"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/test/lib/metadatatest"
 )
 
 // Every failure names the interface, the claim and request, the file where

@@ -6,9 +6,9 @@ import (
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
 )
 
 // fixedReader stands in for metadata.FileReader, which reads the files the

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
+	"github.com/vfnet-io/vfnet/test/lib/sidecartest"
 )
 
 const binding = sidecartest.Binding

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	vfhostdev "github.com/vfnet-io/vfnet/pkg/hostdev"
-	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	vfhostdev "github.com/vfnet-io/vfnet/pkg/contract/hostdev"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // One encoder for all hostdevs of a call writes what a separate

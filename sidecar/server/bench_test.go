@@ -11,11 +11,11 @@ import (
 	"k8s.io/klog/v2"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
-	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
 	"github.com/vfnet-io/vfnet/sidecar/server"
+	"github.com/vfnet-io/vfnet/test/lib/sidecartest"
 )
 
 // BenchmarkOnDefineDomain8VFs measures one OnDefineDomain call for a VM

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
 )
 
 // richVMI sets every field vfnet reads (and many it does not), so that a

@@ -11,12 +11,12 @@ import (
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
-	"github.com/vfnet-io/vfnet/pkg/metadata/metadatatest"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
-	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
 	"github.com/vfnet-io/vfnet/sidecar/server"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/test/lib/metadatatest"
+	"github.com/vfnet-io/vfnet/test/lib/sidecartest"
 )
 
 // bytesReader serves the same metadata bytes for every claim, so a fuzzer

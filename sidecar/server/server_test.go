@@ -21,12 +21,12 @@ import (
 	"google.golang.org/grpc/status"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/kubevirtvmi"
-	"github.com/vfnet-io/vfnet/pkg/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/info"
 	"github.com/vfnet-io/vfnet/sidecar/hooksapi/v1alpha3"
-	"github.com/vfnet-io/vfnet/sidecar/internal/sidecartest"
 	"github.com/vfnet-io/vfnet/sidecar/server"
+	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
+	"github.com/vfnet-io/vfnet/test/lib/sidecartest"
 )
 
 func shortDir(t testing.TB) string {

@@ -10,8 +10,8 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // apiProxy is a reverse proxy on loopback between one driver and the real

@@ -9,8 +9,8 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // BenchmarkPodToPreparedVF measures, on the real control plane with the real

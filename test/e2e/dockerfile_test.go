@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 )
 
 // TestDockerfile checks what can be checked without a Docker engine: the
@@ -18,7 +18,7 @@ import (
 // Dockerfile's own go build command produces static binaries for both
 // commands (no ELF interpreter, no shared libraries), which is what lets the
 // images have no libc, and that the driver it ships carries no simulator
-// (pkg/simhost is vfnet-driver-sim's alone).
+// (test/lib/simhost is vfnet-driver-sim's alone).
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
 	repo, err := controlplane.RepoRoot()
@@ -91,7 +91,7 @@ func TestDockerfile(t *testing.T) {
 	if !bytes.Contains(drv, []byte(mod+"driver/prepare.")) {
 		t.Errorf("vfnet-driver names no function of %sdriver/prepare: the check below would pass blindly", mod)
 	}
-	if bytes.Contains(drv, []byte(mod+"pkg/simhost.")) {
-		t.Errorf("the Dockerfile's vfnet-driver links %spkg/simhost: the image must ship ./cmd/vfnet-driver, not ./cmd/vfnet-driver-sim", mod)
+	if bytes.Contains(drv, []byte(mod+"test/lib/simhost.")) {
+		t.Errorf("the Dockerfile's vfnet-driver links %stest/lib/simhost: the image must ship ./cmd/vfnet-driver, not ./test/cmd/vfnet-driver-sim", mod)
 	}
 }

@@ -1,7 +1,7 @@
 // Package e2e runs vfnet against a real control plane (etcd, kube-apiserver,
 // kube-scheduler, kube-controller-manager v1.37.2): the install manifests,
 // RBAC and admission policy, and the whole VM flow on simulated nodes.
-// The control-plane binaries come from test/tools/build.sh (`make test`
+// The control-plane binaries come from test/builds/kubernetes/build.sh (`make test`
 // builds them first); without them the tests fail and say how to build them.
 package e2e
 
@@ -12,8 +12,8 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // newEnv starts a control plane for t and wraps it in a flow.Env whose

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
+	"github.com/vfnet-io/vfnet/test/lib/scrape"
 )
 
 // TestMetrics scrapes the real driver's /metrics (the DaemonSet's health

@@ -21,12 +21,12 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/driver/metrics/scrape"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
+	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
+	"github.com/vfnet-io/vfnet/test/lib/scrape"
 )
 
 // TestLiveMigration runs the live-migration loop of issue 7 on two simulated

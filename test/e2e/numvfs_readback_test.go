@@ -19,8 +19,8 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // Request classes sliceGate can hold.
@@ -201,7 +201,7 @@ func (cw *countTaintWatch) shown() (time.Time, string, error) {
 
 // pfSampler samples a simulated PF's SR-IOV state every 2 ms. A write to
 // sriov_numvfs changes it: the simulated kernel records the change in its
-// journal (.simhost/journal.json, pkg/simhost/journal.go) before its first
+// journal (.simhost/journal.json, test/lib/simhost/journal.go) before its first
 // effect, then removes VFs and writes the new count. So a change began
 // after the last sample that still saw the PF as it was.
 type pfSampler struct {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/vfnet-io/vfnet/driver/slices"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // pool is the newest complete generation of a node's slices.

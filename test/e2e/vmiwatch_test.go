@@ -26,7 +26,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
 // noAttach fails the test if the watcher ever attaches: no VMI here migrates.

@@ -7,7 +7,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${VFNET_CACHE:-$here/../../.cache}
-# The product's configuration (pkg/shipbuild), as `make test-helm` builds
+# The product's configuration (hack/shipbuild), as `make test-helm` builds
 # the tests, with the same versions of the modules the product and the
 # control plane also compile (hack/alignmods): the Kubernetes libraries
 # compile once on a cold Go cache.
@@ -26,7 +26,7 @@ if [ -x "$out/helm" ]; then echo "$out"; exit 0; fi
 rm -rf "$out.tmp"; mkdir -p "$out.tmp"
 echo ">> building the Helm CLI into $out" >&2
 cd "$here"
-# One compiler thread per core (test/tools/build.sh).
+# One compiler thread per core (test/builds/kubernetes/build.sh).
 TIMEFORMAT=">> Helm CLI: go build took %0R s (%0U s user + %0S s sys CPU)"
 time GOMAXPROCS=1 CGO_ENABLED=0 go build -p "$(nproc)" "${flags[@]}" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm
 rm -rf "$out"; mv "$out.tmp" "$out"

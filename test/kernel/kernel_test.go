@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vfnet-io/vfnet/pkg/shipbuild"
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/gobuild"
+	"github.com/vfnet-io/vfnet/hack/shipbuild"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/gobuild"
 )
 
 // Gate and selection.

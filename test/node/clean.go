@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/vfnet-io/vfnet/test/internal/ownerdir"
+	"github.com/vfnet-io/vfnet/test/lib/ownerdir"
 )
 
 // HostState is what the tier must leave as it found it on the host: the

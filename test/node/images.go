@@ -12,8 +12,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/vfnet-io/vfnet/pkg/ociimage"
-	"github.com/vfnet-io/vfnet/test/gobuild"
+	"github.com/vfnet-io/vfnet/hack/ociimage"
+	"github.com/vfnet-io/vfnet/test/lib/gobuild"
 )
 
 // Image names on the node. The binding image is what `make images` writes
@@ -66,7 +66,7 @@ func simDriverImage(ref, arch string, bin []byte) ociimage.Image {
 }
 
 // BuildImages builds every image the node runs into dir/images and test/kubevirt's
-// generators into the repository's test binaries (test/gobuild: a warm run
+// generators into the repository's test binaries (test/lib/gobuild: a warm run
 // finds them up to date and skips the links), and prepares the KubeVirt CR
 // and the VMI.
 func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
@@ -78,7 +78,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 	// The product images as hack/mkimages makes them, the driver's with
 	// the simulator-carrying build; the binaries are the ones the other
 	// tests run. The pause program is built alike.
-	shipped, err := gobuild.Shipped(ctx, repo, "./cmd/vfnet-driver-sim", "./cmd/vfnet-binding", "./test/node/internal/pause")
+	shipped, err := gobuild.Shipped(ctx, repo, "./test/cmd/vfnet-driver-sim", "./cmd/vfnet-binding", "./test/node/internal/pause")
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +86,7 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 		pkg, ref string
 		image    func(ref, arch string, bin []byte) ociimage.Image
 	}{
-		{"./cmd/vfnet-driver-sim", SimDriverImage, simDriverImage},
+		{"./test/cmd/vfnet-driver-sim", SimDriverImage, simDriverImage},
 		{"./cmd/vfnet-binding", BindingImage, ociimage.Binding},
 	} {
 		data, err := os.ReadFile(filepath.Join(shipped, filepath.Base(p.pkg)))

@@ -1,10 +1,10 @@
 // Package node runs the real-node tier: a real kubelet v1.37.2 with
 // containerd 2.4.2 and runc, next to the real control plane
-// (test/controlplane), with vfnet installed from manifests/ as a cluster
+// (test/lib/controlplane), with vfnet installed from manifests/ as a cluster
 // admin would (kubectl apply -k of a test overlay), later from the Helm
 // chart (helm install, upgrade, uninstall), all inside one private
 // mount + network namespace of this machine, so nothing on the host changes
-// and no traffic leaves. The SR-IOV hardware under the driver is pkg/simhost
+// and no traffic leaves. The SR-IOV hardware under the driver is test/lib/simhost
 // (--simulate, so the driver image carries vfnet-driver-sim, the build with
 // the simulator); everything above it is real.
 //
@@ -31,7 +31,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 )
 
 // Environment variables.
@@ -39,7 +39,7 @@ const (
 	// EnvGate turns the tier on ("1"); without it TestRealNode skips.
 	EnvGate = "VFNET_REAL_NODE"
 	// EnvNodeBin names a directory with containerd,
-	// containerd-shim-runc-v2 and ctr; default: test/nodetools/build.sh's
+	// containerd-shim-runc-v2 and ctr; default: test/builds/containerd/build.sh's
 	// cache directory.
 	EnvNodeBin = "VFNET_NODE_BIN"
 	// EnvHelmBin names a directory with the helm CLI; default:
@@ -79,20 +79,20 @@ func FindParts(ctx context.Context) (Parts, error) {
 	if p.K8sBin, err = controlplane.BinDir(ctx); err != nil {
 		errs = append(errs, err)
 	} else if _, err := os.Stat(filepath.Join(p.K8sBin, "kubelet")); err != nil {
-		errs = append(errs, fmt.Errorf("kubelet missing in %s (an older cache?): run test/tools/build.sh", p.K8sBin))
+		errs = append(errs, fmt.Errorf("kubelet missing in %s (an older cache?): run test/builds/kubernetes/build.sh", p.K8sBin))
 	}
 	if dir := os.Getenv(EnvNodeBin); dir != "" {
 		p.NodeBin = dir
 	} else {
 		out, err := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test", "nodetools", "build.sh"), "--dir").Output()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("test/nodetools/build.sh --dir: %w", err))
+			errs = append(errs, fmt.Errorf("test/builds/containerd/build.sh --dir: %w", err))
 		}
 		p.NodeBin = strings.TrimSpace(string(out))
 	}
 	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
 		if st, err := os.Stat(filepath.Join(p.NodeBin, b)); err != nil || st.Mode()&0o111 == 0 {
-			errs = append(errs, fmt.Errorf("%s missing in %s: run test/nodetools/build.sh (about 4 CPU-minutes the first time) or set %s", b, p.NodeBin, EnvNodeBin))
+			errs = append(errs, fmt.Errorf("%s missing in %s: run test/builds/containerd/build.sh (about 4 CPU-minutes the first time) or set %s", b, p.NodeBin, EnvNodeBin))
 		}
 	}
 	helmDir := os.Getenv(EnvHelmBin)

@@ -30,9 +30,9 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
-	"github.com/vfnet-io/vfnet/pkg/pciaddr"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 const (

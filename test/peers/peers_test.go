@@ -34,12 +34,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/internal/pfnetns"
-	"github.com/vfnet-io/vfnet/internal/procmem"
-	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/shipbuild"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/hack/shipbuild"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/pfnetns"
+	"github.com/vfnet-io/vfnet/test/lib/procmem"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 const (
@@ -225,7 +225,7 @@ func mib(kb int) float64 { return float64(kb) / 1024 }
 // and republish follows), with cfg as its node configuration and its
 // directories under dir. bin is the shipped build: it reads the tree as a
 // plain sysfs and finds the PF netdevs in a namespace of their own
-// (internal/pfnetns).
+// (test/lib/pfnetns).
 func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string) {
 	t.Helper()
 	h, err := simhost.Build(t.TempDir(), simhost.LargeHost())

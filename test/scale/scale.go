@@ -1,5 +1,5 @@
 // Package scale measures vfnet at cluster size on a real control plane
-// (test/controlplane): many simulated nodes publish their VFs through the
+// (test/lib/controlplane): many simulated nodes publish their VFs through the
 // driver's own publishing path, then the real kube-scheduler places pods
 // that each claim a VF from a ResourceClaimTemplate, and, in the same run,
 // the same pods without a claim and the same pods each claiming one device
@@ -8,7 +8,7 @@
 // is, against both no claims and the claims Kubernetes measures itself.
 //
 // Each simulated node runs what vfnet-driver runs to publish: the rescan
-// loop (driver/slices) discovering a simulated host (pkg/simhost) with the
+// loop (driver/slices) discovering a simulated host (test/lib/simhost) with the
 // node configuration from manifests/, handing the pool to the real
 // kubeletplugin helper (driver/plugin), whose resourceslice controller
 // writes the slices with the node's own client: a token bound to the node's
@@ -55,14 +55,14 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/slices"
-	"github.com/vfnet-io/vfnet/internal/procmem"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/flow"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/flow"
+	"github.com/vfnet-io/vfnet/test/lib/procmem"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // Names from manifests/ the run relies on.

@@ -13,8 +13,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // Sizes of BenchmarkManyNodes; the flags allow smaller runs while profiling
@@ -87,7 +87,7 @@ func TestSmallCluster(t *testing.T) {
 // 0.9 of pods/s with upstream-shape claims. Results and their analysis:
 // BENCHMARKS.md. Run with `make bench-scale`, i.e.
 //
-//	VFNET_K8S_BIN=$(test/tools/build.sh) go test ./test/scale -run '^$' -bench ManyNodes -benchtime 1x -timeout 60m
+//	VFNET_K8S_BIN=$(test/builds/kubernetes/build.sh) go test ./test/scale -run '^$' -bench ManyNodes -benchtime 1x -timeout 60m
 //
 // and with -args -scale.scheduler-feature-gates=SchedulerPreQueueingHints=true
 // (or VFNET_SCALE_SCHEDULER_FEATURE_GATES) for kube-scheduler's alpha gate.

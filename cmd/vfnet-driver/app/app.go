@@ -1,7 +1,7 @@
 // Package app is vfnet-driver's command line: the long-running DRA driver
 // and the `inspect` subcommand. cmd/vfnet-driver/main.go only calls Main,
-// without a simulator; cmd/vfnet-driver-sim passes one (package simulate),
-// so pkg/simhost is linked only into that binary, never into the shipped one.
+// without a simulator; test/cmd/vfnet-driver-sim passes one (package simulate),
+// so test/lib/simhost is linked only into that binary, never into the shipped one.
 package app
 
 import (
@@ -35,6 +35,9 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/metrics"
 	"github.com/vfnet-io/vfnet/driver/migration"
@@ -43,10 +46,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/nodeconfig"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vfioholders"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 )
 
 // MigrationLockFileName is the lead lock (in the plugin directory) of the
@@ -67,11 +67,11 @@ type Host struct {
 // one built under sysfsRoot, with its /dev at devRoot (empty: its own) and
 // its VF link layer on the namespace file hostNetns. It is a parameter, not
 // a registration, so that whether a binary can simulate is decided by its
-// main package alone: only cmd/vfnet-driver-sim passes one.
+// main package alone: only test/cmd/vfnet-driver-sim passes one.
 type Simulator func(sysfsRoot, devRoot, hostNetns string) (*Host, error)
 
 // SimBinary names the build that carries the simulator, for errors.
-const SimBinary = "vfnet-driver-sim (cmd/vfnet-driver-sim)"
+const SimBinary = "vfnet-driver-sim (test/cmd/vfnet-driver-sim)"
 
 // Main runs vfnet-driver with args (without the program name) and returns
 // the process exit code. sim serves --simulate; nil (the shipped build)
@@ -126,7 +126,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	devRoot := fs.String("dev-root", "/dev", "root of /dev (vfio device nodes)")
 	hostNetns := fs.String("host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
 	var simulate bool
-	simulateFlag(fs, &simulate, sim, "read the simulated host built by pkg/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
+	simulateFlag(fs, &simulate, sim, "read the simulated host built by test/lib/simhost under --sysfs-root (its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -297,7 +297,7 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
-	simulateFlag(fs, &f.simulate, sim, "run on the simulated host built by pkg/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
+	simulateFlag(fs, &f.simulate, sim, "run on the simulated host built by test/lib/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
 	logCfg := logsapi.NewLoggingConfiguration()
@@ -582,7 +582,7 @@ func shutdownCause(ctx context.Context) error {
 
 func warnSimulated(ctx context.Context, root string) {
 	klog.FromContext(ctx).Info("!!! SIMULATED HOST: vfnet-driver --simulate is acting on the synthetic host under " + root +
-		" (pkg/simhost), NOT on real hardware; VFs, vfio-pci binds and VF settings are simulated !!!")
+		" (test/lib/simhost), NOT on real hardware; VFs, vfio-pci binds and VF settings are simulated !!!")
 }
 
 // status backs /healthz (the host was read recently) and /readyz (the

@@ -15,12 +15,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app"
-	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app/simulate"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/simulate"
 )
 
 const mixedConfig = `apiVersion: vfnet.io/v1alpha1
@@ -158,18 +158,27 @@ func TestInspectErrors(t *testing.T) {
 	}
 }
 
-// buildCmd builds cmd/<name> of this module as shipped (test/gobuild).
+// buildCmd builds cmd/<name> of this module as shipped (test/lib/gobuild).
 func buildCmd(t *testing.T, name string) string {
 	t.Helper()
 	repo, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := gobuild.Shipped(t.Context(), repo, "./cmd/"+name)
+	dir, err := gobuild.Shipped(t.Context(), repo, cmdPackage(name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, name)
+}
+
+// cmdPackage is where the main of the command name lives: the shipped
+// programs under cmd/, the simulator-carrying build under test/cmd/.
+func cmdPackage(name string) string {
+	if name == "vfnet-driver-sim" {
+		return "./test/cmd/" + name
+	}
+	return "./cmd/" + name
 }
 
 // TestBuiltCommand runs the real binaries: inspect output and exit codes,
@@ -236,7 +245,7 @@ func TestNoSimulator(t *testing.T) {
 	} {
 		var stdout, stderr bytes.Buffer
 		code := app.Main(args, &stdout, &stderr, nil)
-		if want := "--simulate: this vfnet-driver is the shipped build and links no simulator; run vfnet-driver-sim (cmd/vfnet-driver-sim) for a simulated host, or drop --simulate to act on this host's kernel\n"; code != 2 || !strings.HasSuffix(stderr.String(), want) {
+		if want := "--simulate: this vfnet-driver is the shipped build and links no simulator; run vfnet-driver-sim (test/cmd/vfnet-driver-sim) for a simulated host, or drop --simulate to act on this host's kernel\n"; code != 2 || !strings.HasSuffix(stderr.String(), want) {
 			t.Errorf("%v: exit %d, stderr %q, want it to end %q", args, code, stderr.String(), want)
 		}
 	}

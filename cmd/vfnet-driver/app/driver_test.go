@@ -17,12 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/vfnet-io/vfnet/internal/pfnetns"
-	"github.com/vfnet-io/vfnet/internal/procmem"
-	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/controlplane"
-	"github.com/vfnet-io/vfnet/test/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/pfnetns"
+	"github.com/vfnet-io/vfnet/test/lib/procmem"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 func freePort(t *testing.T) string {
@@ -94,9 +94,9 @@ func memoryBreakdown(t *testing.T, pid int, metricsURL string) string {
 // edit republished at the next rescan, the idle RSS, and a clean SIGTERM.
 // The shipped build has no simulator: it reads the host's sysfs tree as a
 // plain sysfs and finds the PF netdevs in a private network namespace
-// (internal/pfnetns), as a driver pod finds the host's through --host-netns.
+// (test/lib/pfnetns), as a driver pod finds the host's through --host-netns.
 // Where no namespace can be made (not root), vfnet-driver-sim --simulate
-// runs instead, and its RSS includes pkg/simhost's code.
+// runs instead, and its RSS includes test/lib/simhost's code.
 func TestDriverOnAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -135,7 +135,7 @@ func TestDriverOnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir, err := gobuild.Shipped(t.Context(), repo, "./cmd/"+name)
+	binDir, err := gobuild.Shipped(t.Context(), repo, cmdPackage(name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,9 +29,9 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/internal/syncbuf"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
-	"github.com/vfnet-io/vfnet/test/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 // driverProc is one running vfnet-driver instance (one DaemonSet pod of a

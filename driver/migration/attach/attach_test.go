@@ -19,7 +19,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
+	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
 )
 
 const testDomain = "default_vm1"

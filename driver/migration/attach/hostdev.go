@@ -10,8 +10,8 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/vfnet-io/vfnet/pkg/hostdev"
-	"github.com/vfnet-io/vfnet/pkg/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/contract/hostdev"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // AliasPrefix is the alias prefix KubeVirt uses for SR-IOV hostdevs; the

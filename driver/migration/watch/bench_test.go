@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/libvirtfake"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
 )
 
 // BenchmarkCompletedToAttached measures, in one process, the time from the

@@ -7,7 +7,7 @@
 package watch
 
 import (
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
 // Side says which launcher pod an action attaches to.

@@ -30,14 +30,14 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
 // VMIResource is KubeVirt's VirtualMachineInstance resource.
 var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
 
 // KubeVirt's VMI labels (kubevirt.io/api/core/v1 NodeNameLabel and
-// MigrationTargetNodeNameLabel; the driver reads VMIs as pkg/vmiview types
+// MigrationTargetNodeNameLabel; the driver reads VMIs as pkg/contract/vmiview types
 // and does not link kubevirt.io/api).
 const (
 	NodeNameLabel                = "kubevirt.io/nodeName"

@@ -20,7 +20,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/watch"
-	"github.com/vfnet-io/vfnet/pkg/vmiview"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
 // view is vmi as the watcher's informer keeps it: the API server's JSON

@@ -17,8 +17,8 @@ import (
 	"net"
 	"strings"
 
-	"github.com/vfnet-io/vfnet/pkg/clip"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/pkg/api/internal/clip"
 )
 
 // Group, Version and Kind identify the opaque config.

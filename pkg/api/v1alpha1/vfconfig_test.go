@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 )
 
 func TestDecodeValid(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 

@@ -19,11 +19,11 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 )
 
 // machine is the guest as a case sees it.

@@ -9,13 +9,13 @@ import (
 	"os"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 	"github.com/vfnet-io/vfnet/test/kernel/scenario"
 )
 
 // The trace case runs test/kernel/scenario on the real kernel and checks it
-// against the recorded kernel-trace.json, which pkg/simhost must follow
+// against the recorded kernel-trace.json, which test/lib/simhost must follow
 // too (scenario.TestSimhostFollowsKernelTrace).
 func TestKernelTrace(t *testing.T) {
 	m := guest(t)
@@ -35,6 +35,6 @@ func TestKernelTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := scenario.Diff(got, want); d != "" {
-		t.Errorf("the kernel no longer does what test/kernel/scenario/kernel-trace.json recorded (update it from .cache/kernel/last-trace.json if the kernel is right, and make pkg/simhost follow):\n%s", d)
+		t.Errorf("the kernel no longer does what test/kernel/scenario/kernel-trace.json recorded (update it from .cache/kernel/last-trace.json if the kernel is right, and make test/lib/simhost follow):\n%s", d)
 	}
 }

@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vfnet-io/vfnet/pkg/pcibind"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 

@@ -1,6 +1,6 @@
 // Package scenario is one sequence of kernel operations on an igb (82576)
 // VF that runs both on the real kernel (the real-kernel tier's "trace"
-// case) and on pkg/simhost (TestSimhostFollowsKernelTrace), recording what
+// case) and on test/lib/simhost (TestSimhostFollowsKernelTrace), recording what
 // a driver can observe after each step. Both are compared with
 // kernel-trace.json, recorded from the real kernel: where the simulation
 // and the kernel disagree, the simulation is wrong.
@@ -21,9 +21,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vfnet-io/vfnet/pkg/pcibind"
-	"github.com/vfnet-io/vfnet/pkg/sysfs"
-	"github.com/vfnet-io/vfnet/pkg/vflink"
+	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 )
 
 // KernelTrace is the trace recorded on Linux 6.1 (Debian) with QEMU 10's

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 // TestSimhostFollowsKernelTrace runs the scenario on the simulated 82576
@@ -30,6 +30,6 @@ func TestSimhostFollowsKernelTrace(t *testing.T) {
 		t.Fatalf("scenario on simhost: %v (trace so far %+v)", err, got)
 	}
 	if d := Diff(got, want); d != "" {
-		t.Errorf("pkg/simhost disagrees with the real kernel:\n%s", d)
+		t.Errorf("test/lib/simhost disagrees with the real kernel:\n%s", d)
 	}
 }

@@ -36,7 +36,7 @@ func TestPreparedMetadataThroughKubeVirt(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "driver", "preparetest")); err != nil {
-		t.Fatalf("product has no driver/preparetest (%v): moved? update this test", err)
+		t.Fatalf("product has no test/lib/preparetest (%v): moved? update this test", err)
 	}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -65,7 +65,7 @@ func HasBinding() (bool, error) {
 }
 
 // Build runs `go build -C <repo root> -o out pkg` as the product's images
-// are built (the product's pkg/shipbuild, which this module cannot
+// are built (the product's hack/shipbuild, which this module cannot
 // import; its test checks these): the product's packages compile once for
 // these tests and every other tier on a cold Go cache.
 func Build(ctx context.Context, pkg, out string) error {

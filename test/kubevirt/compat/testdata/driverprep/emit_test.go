@@ -16,8 +16,8 @@ import (
 
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/vfnet-io/vfnet/driver/preparetest"
-	"github.com/vfnet-io/vfnet/pkg/simhost"
+	"github.com/vfnet-io/vfnet/test/lib/preparetest"
+	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
 const (

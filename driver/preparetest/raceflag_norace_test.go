@@ -1,5 +1,0 @@
-//go:build !race
-
-package preparetest
-
-const raceEnabled = false

@@ -1,7 +1,0 @@
-//go:build race
-
-package preparetest
-
-// raceEnabled: the crash test, whose children are other processes, runs
-// without the race detector.
-const raceEnabled = true
