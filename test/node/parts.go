@@ -84,7 +84,7 @@ func FindParts(ctx context.Context) (Parts, error) {
 	if dir := os.Getenv(EnvNodeBin); dir != "" {
 		p.NodeBin = dir
 	} else {
-		out, err := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test", "nodetools", "build.sh"), "--dir").Output()
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(repo, "test", "builds", "containerd", "build.sh"), "--dir").Output()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("test/builds/containerd/build.sh --dir: %w", err))
 		}

@@ -35,7 +35,7 @@ func TestPreparedMetadataThroughKubeVirt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "driver", "preparetest")); err != nil {
+	if _, err := os.Stat(filepath.Join(root, "test", "lib", "preparetest")); err != nil {
 		t.Fatalf("product has no test/lib/preparetest (%v): moved? update this test", err)
 	}
 	out := t.TempDir()

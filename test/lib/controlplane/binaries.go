@@ -65,7 +65,7 @@ func buildScript() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("locate test/builds/kubernetes/build.sh: %w", err)
 	}
-	script := filepath.Join(root, "test", "tools", "build.sh")
+	script := filepath.Join(root, "test", "builds", "kubernetes", "build.sh")
 	if _, err := os.Stat(script); err != nil {
 		return "", fmt.Errorf("locate test/builds/kubernetes/build.sh: %w", err)
 	}
