@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/sidecar/app"
+	"github.com/vfnet-io/vfnet/cmd/vfnet-binding/app"
 )
 
 func main() {

@@ -27,7 +27,7 @@ import (
 const Version = 1
 
 // FileName is the checkpoint's name inside the plugin data directory.
-const FileName = "vfnet-checkpoint.json"
+const FileName = "checkpoint.json"
 
 // Phase is where a claim is in its life cycle.
 type Phase string

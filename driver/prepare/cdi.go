@@ -1,6 +1,7 @@
-// Package cdi writes the per-claim CDI spec that gives the VM's container the
-// VF's VFIO group node and the VFIO container node.
-package cdi
+// CDI specs: each prepared claim gets one spec that gives the VM's container
+// the VF's VFIO group node and the VFIO container node.
+
+package prepare
 
 import (
 	"bytes"
@@ -20,15 +21,15 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 )
 
-// Vendor and Class make the CDI kind "sriov.vfnet.io/vf".
+// cdiVendor and cdiClass make the CDI kind "sriov.vfnet.io/vf".
 const (
-	Vendor = "sriov.vfnet.io"
-	Class  = "vf"
-	Kind   = Vendor + "/" + Class
+	cdiVendor = "sriov.vfnet.io"
+	cdiClass  = "vf"
+	cdiKind   = cdiVendor + "/" + cdiClass
 )
 
-// Device is one VF of a claim.
-type Device struct {
+// cdiDevice is one VF of a claim.
+type cdiDevice struct {
 	// Name is the DRA device name, e.g. "vf-0000-3b-02-1".
 	Name string
 	// DevNode is the group node relative to the dev root: "vfio/42" or
@@ -36,42 +37,39 @@ type Device struct {
 	DevNode string
 }
 
-// Writer writes specs to Root (the runtime's CDI directory). DevRoot is the
-// host directory that holds vfio/ ("/dev" in production); container paths
-// are always under /dev.
-type Writer struct {
+// CDIWriter writes specs to Root (the runtime's CDI directory). DevRoot is
+// the host directory that holds vfio/ ("/dev" in production); container
+// paths are always under /dev.
+type CDIWriter struct {
 	Root    string
 	DevRoot string
-	// Hook, if set, is called with StepTempWritten inside Write, once the
+	// Hook, if set, is called with StepCDITempWritten inside write, once the
 	// temporary file is complete and valid and before it is renamed into
-	// place. Crash tests stop the process there.
+	// place. Crash tests stop the process there; a kill there leaves the
+	// claim's temporary file behind (removeTemps removes it).
 	Hook func(step string)
 }
 
-// StepTempWritten is Write's Hook step: a kill there leaves the claim's
-// temporary file behind (RemoveTemps removes it).
-const StepTempWritten = "cdi-temp-written"
-
-// DeviceName is the CDI device name of one VF of one claim. The claim UID
+// cdiDeviceName is the CDI device name of one VF of one claim. The claim UID
 // keeps names unique, so runtimes never hit a stale cached spec.
-func DeviceName(claimUID types.UID, device string) string {
+func cdiDeviceName(claimUID types.UID, device string) string {
 	return string(claimUID) + "-" + device
 }
 
-// DeviceID is the fully qualified CDI ID handed to the kubelet.
-func DeviceID(claimUID types.UID, device string) string {
-	return Kind + "=" + DeviceName(claimUID, device)
+// cdiDeviceID is the fully qualified CDI ID handed to the kubelet.
+func cdiDeviceID(claimUID types.UID, device string) string {
+	return cdiKind + "=" + cdiDeviceName(claimUID, device)
 }
 
 // SpecPath is the file holding the claim's spec.
-func (w Writer) SpecPath(claimUID types.UID) string {
-	return filepath.Join(w.Root, cdiapi.GenerateTransientSpecName(Vendor, Class, string(claimUID))+".json")
+func (w CDIWriter) SpecPath(claimUID types.UID) string {
+	return filepath.Join(w.Root, cdiapi.GenerateTransientSpecName(cdiVendor, cdiClass, string(claimUID))+".json")
 }
 
-// Build returns the spec for a claim's devices.
-func (w Writer) Build(claimUID types.UID, devices []Device) *cdispec.Spec {
+// build returns the spec for a claim's devices.
+func (w CDIWriter) build(claimUID types.UID, devices []cdiDevice) *cdispec.Spec {
 	spec := &cdispec.Spec{
-		Kind: Kind,
+		Kind: cdiKind,
 		ContainerEdits: cdispec.ContainerEdits{
 			DeviceNodes: []*cdispec.DeviceNode{{
 				Path:     "/dev/vfio/vfio",
@@ -81,7 +79,7 @@ func (w Writer) Build(claimUID types.UID, devices []Device) *cdispec.Spec {
 	}
 	for _, d := range devices {
 		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name: DeviceName(claimUID, d.Name),
+			Name: cdiDeviceName(claimUID, d.Name),
 			ContainerEdits: cdispec.ContainerEdits{
 				DeviceNodes: []*cdispec.DeviceNode{{
 					Path:     path.Join("/dev", d.DevNode),
@@ -93,10 +91,10 @@ func (w Writer) Build(claimUID types.UID, devices []Device) *cdispec.Spec {
 	return spec
 }
 
-// Write validates the claim's spec with the CDI library and puts it in place
+// write validates the claim's spec with the CDI library and puts it in place
 // atomically. It returns the CDI IDs, in the order of devices. Callers must
 // not write one claim's spec concurrently (prepare holds the node lock).
-func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
+func (w CDIWriter) write(claimUID types.UID, devices []cdiDevice) ([]string, error) {
 	data, err := w.encode(claimUID, devices)
 	if err != nil {
 		return nil, err
@@ -114,7 +112,7 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 			return invalid
 		}
 		if w.Hook != nil {
-			w.Hook(StepTempWritten)
+			w.Hook(StepCDITempWritten)
 		}
 		return nil
 	})
@@ -126,7 +124,7 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 	}
 	ids := make([]string, len(devices))
 	for i, d := range devices {
-		ids[i] = DeviceID(claimUID, d.Name)
+		ids[i] = cdiDeviceID(claimUID, d.Name)
 	}
 	return ids, nil
 }
@@ -135,20 +133,20 @@ func (w Writer) Write(claimUID types.UID, devices []Device) ([]string, error) {
 // (a kill could leave it too).
 func validateName(spec string) string { return "." + spec + ".validate" }
 
-// TempGlobs match the temporary files Write (or an older driver's Write)
-// creates in Root for any claim; a crash in the middle of Write leaves them
+// tempGlobs match the temporary files write (or an older driver's write)
+// creates in Root for any claim; a crash in the middle of write leaves them
 // behind.
-func (w Writer) TempGlobs() []string {
-	name := cdiapi.GenerateTransientSpecName(Vendor, Class, "*") + ".json"
+func (w CDIWriter) tempGlobs() []string {
+	name := cdiapi.GenerateTransientSpecName(cdiVendor, cdiClass, "*") + ".json"
 	root := checkpoint.GlobEscape(w.Root)
 	return []string{filepath.Join(root, checkpoint.TempGlob(name)), filepath.Join(root, validateName(name))}
 }
 
-// RemoveTemps removes the temporary files of the claim's spec that an
-// interrupted Write left in Root, and returns the ones it removed. Only
+// removeTemps removes the temporary files of the claim's spec that an
+// interrupted write left in Root, and returns the ones it removed. Only
 // files named after this claim's spec are touched. The caller must make sure
-// no Write of the claim runs meanwhile (prepare holds the node lock).
-func (w Writer) RemoveTemps(claimUID types.UID) ([]string, error) {
+// no write of the claim runs meanwhile (prepare holds the node lock).
+func (w CDIWriter) removeTemps(claimUID types.UID) ([]string, error) {
 	spec := filepath.Base(w.SpecPath(claimUID))
 	matches, err := filepath.Glob(filepath.Join(checkpoint.GlobEscape(w.Root), checkpoint.TempGlob(checkpoint.GlobEscape(spec))))
 	if err != nil {
@@ -158,7 +156,7 @@ func (w Writer) RemoveTemps(claimUID types.UID) ([]string, error) {
 	// ("<uid>.json.x"); os.CreateTemp's random part is decimal digits.
 	var names []string
 	for _, m := range matches {
-		if IsTempName(filepath.Base(m), spec) {
+		if isTempName(filepath.Base(m), spec) {
 			names = append(names, m)
 		}
 	}
@@ -176,10 +174,11 @@ func (w Writer) RemoveTemps(claimUID types.UID) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// IsTempName reports whether name is one of the temporary files
-// checkpoint.WriteFileAtomic, Write and the kubeletplugin helper create to
-// replace the file named file: "." + file + "." + decimal digits + ".tmp".
-func IsTempName(name, file string) bool {
+// isTempName reports whether name is one of the temporary files
+// checkpoint.WriteFileAtomic, CDIWriter.write and the kubeletplugin helper
+// create to replace the file named file: "." + file + "." + decimal digits +
+// ".tmp".
+func isTempName(name, file string) bool {
 	rest, ok := strings.CutPrefix(name, "."+file+".")
 	if !ok {
 		return false
@@ -196,11 +195,11 @@ func IsTempName(name, file string) bool {
 	return true
 }
 
-func (w Writer) encode(claimUID types.UID, devices []Device) ([]byte, error) {
+func (w CDIWriter) encode(claimUID types.UID, devices []cdiDevice) ([]byte, error) {
 	if len(devices) == 0 {
 		return nil, fmt.Errorf("CDI spec for claim %s: no devices", claimUID)
 	}
-	spec := w.Build(claimUID, devices)
+	spec := w.build(claimUID, devices)
 	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec for claim %s: determine version: %w", claimUID, err)
@@ -213,10 +212,10 @@ func (w Writer) encode(claimUID types.UID, devices []Device) ([]byte, error) {
 	return data, nil
 }
 
-// Installed reports whether the claim's spec file holds exactly what Write
+// installed reports whether the claim's spec file holds exactly what write
 // would write for devices (false when it is missing, e.g. after a reboot
 // emptied the tmpfs CDI directory).
-func (w Writer) Installed(claimUID types.UID, devices []Device) (bool, error) {
+func (w CDIWriter) installed(claimUID types.UID, devices []cdiDevice) (bool, error) {
 	want, err := w.encode(claimUID, devices)
 	if err != nil {
 		return false, err
@@ -231,8 +230,8 @@ func (w Writer) Installed(claimUID types.UID, devices []Device) (bool, error) {
 	return bytes.Equal(got, want), nil
 }
 
-// Remove deletes the claim's spec; a missing spec is not an error.
-func (w Writer) Remove(claimUID types.UID) error {
+// remove deletes the claim's spec; a missing spec is not an error.
+func (w CDIWriter) remove(claimUID types.UID) error {
 	p := w.SpecPath(claimUID)
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove CDI spec %s: %w", p, err)

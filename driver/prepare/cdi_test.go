@@ -1,4 +1,4 @@
-package cdi
+package prepare
 
 import (
 	"errors"
@@ -12,11 +12,11 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
-func TestWriteReadRemove(t *testing.T) {
+func TestCDIWriteReadRemove(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	w := Writer{Root: filepath.Join(dir, "cdi"), DevRoot: "/dev"}
-	ids, err := w.Write("1234-uid", []Device{{Name: "vf-0000-3b-02-1", DevNode: "vfio/42"}, {Name: "vf-0000-3b-02-2", DevNode: "vfio/noiommu-7"}})
+	w := CDIWriter{Root: filepath.Join(dir, "cdi"), DevRoot: "/dev"}
+	ids, err := w.write("1234-uid", []cdiDevice{{Name: "vf-0000-3b-02-1", DevNode: "vfio/42"}, {Name: "vf-0000-3b-02-2", DevNode: "vfio/noiommu-7"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +47,10 @@ func TestWriteReadRemove(t *testing.T) {
 	if len(ents) != 1 || ents[0].Name() != "sriov.vfnet.io-vf_1234-uid.json" {
 		t.Fatalf("cdi dir: %v", ents)
 	}
-	if err := w.Remove("1234-uid"); err != nil {
+	if err := w.remove("1234-uid"); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Remove("1234-uid"); err != nil {
+	if err := w.remove("1234-uid"); err != nil {
 		t.Fatalf("second remove: %v", err)
 	}
 	ents, _ = os.ReadDir(w.Root)
@@ -59,13 +59,13 @@ func TestWriteReadRemove(t *testing.T) {
 	}
 }
 
-func TestInvalidRejected(t *testing.T) {
+func TestCDIInvalidRejected(t *testing.T) {
 	t.Parallel()
-	w := Writer{Root: t.TempDir(), DevRoot: "/dev"}
+	w := CDIWriter{Root: t.TempDir(), DevRoot: "/dev"}
 	// A device name CDI rejects must not end up on disk.
-	_, err := w.Write("uid", []Device{{Name: "bad name!", DevNode: "vfio/1"}})
+	_, err := w.write("uid", []cdiDevice{{Name: "bad name!", DevNode: "vfio/1"}})
 	if err == nil || !strings.Contains(err.Error(), "fails CDI validation") {
-		t.Fatalf("Write = %v", err)
+		t.Fatalf("write = %v", err)
 	}
 	ents, _ := os.ReadDir(w.Root)
 	if len(ents) != 0 {
@@ -73,21 +73,21 @@ func TestInvalidRejected(t *testing.T) {
 	}
 }
 
-// A kill inside Write, after the temporary file is complete and before it
+// A kill inside write, after the temporary file is complete and before it
 // is renamed, leaves that file under a name of the claim's spec, and no
-// spec; RemoveTemps removes it and nothing of another claim.
-func TestKillInsideWriteThenRemoveTemps(t *testing.T) {
+// spec; removeTemps removes it and nothing of another claim.
+func TestKillInsideCDIWriteThenRemoveTemps(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	devs := []Device{{Name: "vf-0000-3b-02-1", DevNode: "vfio/42"}}
-	other := Writer{Root: root, DevRoot: "/dev"}
-	if _, err := other.Write("uid-b", devs); err != nil {
+	devs := []cdiDevice{{Name: "vf-0000-3b-02-1", DevNode: "vfio/42"}}
+	other := CDIWriter{Root: root, DevRoot: "/dev"}
+	if _, err := other.write("uid-b", devs); err != nil {
 		t.Fatal(err)
 	}
 	var inside []string
-	w := Writer{Root: root, DevRoot: "/dev", Hook: func(step string) {
-		if step != StepTempWritten {
-			t.Errorf("hook step %q, want %q", step, StepTempWritten)
+	w := CDIWriter{Root: root, DevRoot: "/dev", Hook: func(step string) {
+		if step != StepCDITempWritten {
+			t.Errorf("hook step %q, want %q", step, StepCDITempWritten)
 		}
 		ents, err := os.ReadDir(root)
 		if err != nil {
@@ -101,13 +101,13 @@ func TestKillInsideWriteThenRemoveTemps(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = w.Write("uid-a", devs)
-		t.Error("Write returned after its hook stopped it")
+		_, _ = w.write("uid-a", devs)
+		t.Error("write returned after its hook stopped it")
 	}()
 	<-done
 	specA, specB := "sriov.vfnet.io-vf_uid-a.json", "sriov.vfnet.io-vf_uid-b.json"
 	// ReadDir sorts: the dot file comes first.
-	if len(inside) != 2 || !IsTempName(inside[0], specA) || inside[1] != specB {
+	if len(inside) != 2 || !isTempName(inside[0], specA) || inside[1] != specB {
 		t.Fatalf("CDI directory inside the write: %v; want %s and a temporary file of %s", inside, specB, specA)
 	}
 	if got := names(t, root); !slices.Equal(got, inside) {
@@ -120,21 +120,21 @@ func TestKillInsideWriteThenRemoveTemps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	removed, err := w.RemoveTemps("uid-a")
+	removed, err := w.removeTemps("uid-a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(removed) != 1 || removed[0] != filepath.Join(root, inside[0]) {
-		t.Fatalf("RemoveTemps removed %v, want [%s]", removed, filepath.Join(root, inside[0]))
+		t.Fatalf("removeTemps removed %v, want [%s]", removed, filepath.Join(root, inside[0]))
 	}
 	want := append([]string{specB}, plantB...)
 	slices.Sort(want)
 	if got := names(t, root); !slices.Equal(got, want) {
-		t.Fatalf("CDI directory after RemoveTemps(uid-a): %v, want %v", got, want)
+		t.Fatalf("CDI directory after removeTemps(uid-a): %v, want %v", got, want)
 	}
 	// The claim is written as usual afterwards.
 	w.Hook = nil
-	if _, err := w.Write("uid-a", devs); err != nil {
+	if _, err := w.write("uid-a", devs); err != nil {
 		t.Fatal(err)
 	}
 	want = append(want, specA)
@@ -144,18 +144,18 @@ func TestKillInsideWriteThenRemoveTemps(t *testing.T) {
 	}
 }
 
-// RemoveTemps removes the claim's temporary files of both kinds (this
-// Write's and the validation copy older drivers wrote) and nothing else:
+// removeTemps removes the claim's temporary files of both kinds (this
+// write's and the validation copy older drivers wrote) and nothing else:
 // not the spec, not another claim's files, not look-alikes.
-func TestRemoveTempsOnlyTheClaims(t *testing.T) {
+func TestCDIRemoveTempsOnlyTheClaims(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	w := Writer{Root: root, DevRoot: "/dev"}
-	files := map[string]bool{ // name -> removed by RemoveTemps("uid-a")
+	w := CDIWriter{Root: root, DevRoot: "/dev"}
+	files := map[string]bool{ // name -> removed by removeTemps("uid-a")
 		".sriov.vfnet.io-vf_uid-a.json.123.tmp":        true,
 		".sriov.vfnet.io-vf_uid-a.json.4294967295.tmp": true,
 		".sriov.vfnet.io-vf_uid-a.json.validate":       true,
-		"sriov.vfnet.io-vf_uid-a.json":                 false, // the spec: Remove's business
+		"sriov.vfnet.io-vf_uid-a.json":                 false, // the spec: remove's business
 		".sriov.vfnet.io-vf_uid-b.json.123.tmp":        false,
 		".sriov.vfnet.io-vf_uid-b.json.validate":       false,
 		".sriov.vfnet.io-vf_uid-a.json.x.json.5.tmp":   false, // claim "uid-a.json.x"
@@ -169,7 +169,7 @@ func TestRemoveTempsOnlyTheClaims(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	removed, err := w.RemoveTemps("uid-a")
+	removed, err := w.removeTemps("uid-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,10 +186,10 @@ func TestRemoveTempsOnlyTheClaims(t *testing.T) {
 	slices.Sort(want)
 	slices.Sort(removed)
 	if !slices.Equal(removed, want) {
-		t.Errorf("RemoveTemps reported %v, want %v", removed, want)
+		t.Errorf("removeTemps reported %v, want %v", removed, want)
 	}
-	if removed, err := w.RemoveTemps("uid-a"); err != nil || len(removed) != 0 {
-		t.Errorf("second RemoveTemps = %v, %v; want nothing", removed, err)
+	if removed, err := w.removeTemps("uid-a"); err != nil || len(removed) != 0 {
+		t.Errorf("second removeTemps = %v, %v; want nothing", removed, err)
 	}
 }
 
@@ -206,8 +206,8 @@ func TestIsTempName(t *testing.T) {
 		".a.jsonx.1.tmp":     false,
 		".b.json.1.tmp":      false,
 	} {
-		if got := IsTempName(name, "a.json"); got != want {
-			t.Errorf("IsTempName(%q, a.json) = %v, want %v", name, got, want)
+		if got := isTempName(name, "a.json"); got != want {
+			t.Errorf("isTempName(%q, a.json) = %v, want %v", name, got, want)
 		}
 	}
 }

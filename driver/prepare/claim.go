@@ -17,7 +17,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
@@ -30,7 +29,7 @@ const (
 	StepCheckpointRecorded    = "checkpoint-recorded"
 	StepCheckpointBinding     = "checkpoint-binding"
 	StepCheckpointApplying    = "checkpoint-applying"
-	StepCDITempWritten        = cdi.StepTempWritten // inside the CDI spec write, before its rename
+	StepCDITempWritten        = "cdi-temp-written" // inside the CDI spec write, before its rename
 	StepCDIWritten            = "cdi-written"
 	StepStatusUpdated         = "status-updated"
 	StepCheckpointPrepared    = "checkpoint-prepared"
@@ -183,7 +182,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 		return at(ErrStepCheckpoint, err)
 	}
 	s.hook(StepCheckpointBinding)
-	cdiDevs := make([]cdi.Device, 0, len(entry.Devices))
+	cdiDevs := make([]cdiDevice, 0, len(entry.Devices))
 	for i := range entry.Devices {
 		d := &entry.Devices[i]
 		bd, err := s.binder.BindVFIO(ctx, d.BDF, s.opts.VFIOTimeout)
@@ -191,7 +190,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 			return at(ErrStepBind, stepError(*d, "bind to vfio-pci", err))
 		}
 		d.IOMMUGroup, d.DevNode = bd.IOMMUGroup, bd.DevNode
-		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
+		cdiDevs = append(cdiDevs, cdiDevice{Name: d.Device, DevNode: d.DevNode})
 	}
 	for i := range entry.Devices {
 		// The original MAC was classified when recorded (vfDriverOwnMAC):
@@ -210,7 +209,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 	// A kill inside an earlier write of this claim's files left its
 	// temporary files; the claim is ready again without them.
 	s.removeClaimTemps(ctx, claim.UID, claim.Namespace, claim.Name)
-	if _, err := s.cdi.Write(claim.UID, cdiDevs); err != nil {
+	if _, err := s.cdi.write(claim.UID, cdiDevs); err != nil {
 		return at(ErrStepCDI, fmt.Errorf("write CDI spec: %w", err))
 	}
 	s.hook(StepCDIWritten)
@@ -276,7 +275,7 @@ func (s *State) undo(ctx context.Context, uid types.UID, entry *checkpoint.Claim
 	}
 	s.hook(StepCheckpointUnpreparing)
 	var errs []error
-	if err := s.cdi.Remove(uid); err != nil {
+	if err := s.cdi.remove(uid); err != nil {
 		errs = append(errs, at(ErrStepCDI, err))
 	}
 	// Without this, a kill inside one of the claim's writes leaves a file
@@ -436,7 +435,7 @@ func (s *State) deviceResults(uid types.UID, entry *checkpoint.Claim) []kubeletp
 			Requests:     []string{d.Request},
 			PoolName:     d.Pool,
 			DeviceName:   d.Device,
-			CDIDeviceIDs: []string{cdi.DeviceID(uid, d.Device)},
+			CDIDeviceIDs: []string{cdiDeviceID(uid, d.Device)},
 			Metadata:     md,
 		})
 	}

@@ -3,6 +3,12 @@
 // binds the VF to vfio-pci, writes the CDI spec, reports metadata and the
 // claim's device status, and undoes all of it exactly.
 //
+// It also holds the two pieces only it uses: writing, checking and removing
+// the per-claim CDI spec that hands the VM's container the VFIO nodes
+// (CDIWriter, cdi.go), and parsing the claim's VFConfig, merged from the
+// DeviceClass's and the claim's opaque configs in Kubernetes' precedence
+// (vfconfig.go).
+//
 // Crash safety: every host change is preceded by a checkpoint write that
 // says what is about to change and what the original state was (see
 // driver/checkpoint). Each host operation is idempotent, so a restarted
@@ -34,7 +40,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
@@ -42,7 +47,6 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/nodelock"
-	"github.com/vfnet-io/vfnet/driver/vfconfig"
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
 )
 
@@ -149,7 +153,7 @@ type State struct {
 	opts   Options
 	store  checkpoint.Store
 	lock   *nodelock.Lock
-	cdi    cdi.Writer
+	cdi    CDIWriter
 	binder pcibind.Binder
 
 	mu sync.Mutex
@@ -211,7 +215,7 @@ func New(opts Options) (*State, error) {
 		opts:  opts,
 		store: store,
 		lock:  nodelock.New(opts.LockPath),
-		cdi:   cdi.Writer{Root: opts.CDIRoot, DevRoot: opts.DevRoot, Hook: opts.Hook},
+		cdi:   CDIWriter{Root: opts.CDIRoot, DevRoot: opts.DevRoot, Hook: opts.Hook},
 		binder: pcibind.Binder{Sysfs: opts.Sysfs, Writer: opts.Writer, DevRoot: opts.DevRoot, NodeName: opts.NodeName,
 			Hook: opts.Hook},
 		cp:     cp,
@@ -239,7 +243,7 @@ func removeStaleTemps(opts Options) {
 		filepath.Join(plugin, MetadataDirName, "*", "*", checkpoint.TempGlob("metadata.json")),
 		filepath.Join(checkpoint.GlobEscape(opts.CDIRoot), checkpoint.TempGlob(opts.DriverName+"_metadata_*.json")),
 	}
-	globs = append(globs, cdi.Writer{Root: opts.CDIRoot}.TempGlobs()...)
+	globs = append(globs, CDIWriter{Root: opts.CDIRoot}.tempGlobs()...)
 	removed, err := checkpoint.RemoveStaleTemps(globs, opts.StaleTempAge)
 	logger := klog.Background()
 	for _, f := range removed {
@@ -529,13 +533,13 @@ func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim,
 		if ref.PFName == "" {
 			return nil, fmt.Errorf("device %s (VF %s): its PF %s has no netdev, so VF settings cannot be applied; bind the PF to its network driver", r.Device, ref.Address, ref.PFAddress)
 		}
-		cfg, err := vfconfig.ForRequest(claim, s.opts.DriverName, r.Request)
+		cfg, err := vfConfigForRequest(claim, s.opts.DriverName, r.Request)
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", r.Device, err)
 		}
 		p := plan{result: r, ref: ref, config: cfg}
 		if cfg.MAC != nil {
-			p.mac, _ = v1alpha1.ParseMAC(*cfg.MAC) // validated by ForRequest
+			p.mac, _ = v1alpha1.ParseMAC(*cfg.MAC) // validated by vfConfigForRequest
 		} else if s.opts.MACs != nil {
 			res, found, err := s.opts.MACs.Find(ctx, claim, r.Request)
 			if err != nil {

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 )
 
@@ -22,7 +21,7 @@ import (
 const helperMetadataFile = "metadata.json"
 
 // removeClaimTemps removes the temporary files a kill inside one of the
-// claim's file writes left: its CDI spec's (cdi.Writer.RemoveTemps) and the
+// claim's file writes left: its CDI spec's (CDIWriter.removeTemps) and the
 // kubeletplugin helper's for its metadata files and their CDI specs. Only
 // files named after this claim are touched. It must run with no write of
 // the claim's files in flight: the caller holds the node lock (no other
@@ -32,7 +31,7 @@ const helperMetadataFile = "metadata.json"
 // from being prepared or released.
 func (s *State) removeClaimTemps(ctx context.Context, uid types.UID, namespace, name string) {
 	logger := klog.FromContext(ctx)
-	removed, err := s.cdi.RemoveTemps(uid)
+	removed, err := s.cdi.removeTemps(uid)
 	more, merr := s.removeMetadataTemps(uid, namespace, name)
 	removed = append(removed, more...)
 	for _, f := range removed {
@@ -63,7 +62,7 @@ func (s *State) removeMetadataTemps(uid types.UID, namespace, name string) ([]st
 		// The request is a DNS label (no dots), which also keeps another
 		// claim whose UID extends this one with "_..." from matching.
 		req, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(p), "."+prefix), ".")
-		if len(validation.IsDNS1123Label(req)) == 0 && cdi.IsTempName(filepath.Base(p), prefix+req+".json") {
+		if len(validation.IsDNS1123Label(req)) == 0 && isTempName(filepath.Base(p), prefix+req+".json") {
 			victims = append(victims, p)
 		}
 	}
@@ -74,7 +73,7 @@ func (s *State) removeMetadataTemps(uid types.UID, namespace, name string) ([]st
 			errs = append(errs, fmt.Errorf("list temporary metadata files of claim %s/%s in %s: %w", namespace, name, dir, err))
 		}
 		for _, p := range files {
-			if cdi.IsTempName(filepath.Base(p), helperMetadataFile) {
+			if isTempName(filepath.Base(p), helperMetadataFile) {
 				victims = append(victims, p)
 			}
 		}

@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
@@ -29,7 +28,7 @@ var errVFGone = errors.New("VF gone")
 // wrapping errVFGone when a VF is gone.
 func (s *State) verify(ctx context.Context, uid types.UID, entry *checkpoint.Claim) ([]string, error) {
 	var drift []string
-	cdiDevs := make([]cdi.Device, 0, len(entry.Devices))
+	cdiDevs := make([]cdiDevice, 0, len(entry.Devices))
 	for i := range entry.Devices {
 		d := &entry.Devices[i]
 		fn, err := s.opts.Sysfs.Function(d.BDF)
@@ -74,10 +73,10 @@ func (s *State) verify(ctx context.Context, uid types.UID, entry *checkpoint.Cla
 		for _, f := range linkDrift(cur, d.Applied) {
 			drift = append(drift, fmt.Sprintf("%s: %s", d.BDF, f))
 		}
-		cdiDevs = append(cdiDevs, cdi.Device{Name: d.Device, DevNode: d.DevNode})
+		cdiDevs = append(cdiDevs, cdiDevice{Name: d.Device, DevNode: d.DevNode})
 	}
 	if len(drift) == 0 {
-		ok, err := s.cdi.Installed(uid, cdiDevs)
+		ok, err := s.cdi.installed(uid, cdiDevs)
 		if err != nil {
 			return nil, err
 		}

@@ -1,8 +1,9 @@
-// Package vfconfig finds the VFConfig that applies to one allocated device,
-// following the precedence Kubernetes documents for opaque device config:
+// VFConfig precedence: the VFConfig that applies to one allocated device
+// follows the precedence Kubernetes documents for opaque device config:
 // configs from the DeviceClass come first, then the claim's own, and later
 // entries override earlier ones field by field.
-package vfconfig
+
+package prepare
 
 import (
 	"encoding/json"
@@ -14,11 +15,11 @@ import (
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
 )
 
-// ForRequest returns the merged config for the allocation result whose
+// vfConfigForRequest returns the merged config for the allocation result whose
 // request is request (maybe "request/subrequest"). Opaque configs of other
 // drivers are ignored; one of ours that does not decode is an error naming
 // its position and source.
-func ForRequest(claim *resourceapi.ResourceClaim, driverName, request string) (v1alpha1.VFConfig, error) {
+func vfConfigForRequest(claim *resourceapi.ResourceClaim, driverName, request string) (v1alpha1.VFConfig, error) {
 	merged := v1alpha1.VFConfig{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind}
 	if claim.Status.Allocation == nil {
 		return merged, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)

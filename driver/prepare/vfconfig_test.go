@@ -1,4 +1,4 @@
-package vfconfig
+package prepare
 
 import (
 	"strings"
@@ -32,7 +32,7 @@ func claimWith(configs ...resourceapi.DeviceAllocationConfiguration) *resourceap
 
 const hdr = `"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig"`
 
-func TestPrecedence(t *testing.T) {
+func TestVFConfigPrecedence(t *testing.T) {
 	t.Parallel()
 	claim := claimWith(
 		// Claim configs are listed first here but must still win over
@@ -54,7 +54,7 @@ func TestPrecedence(t *testing.T) {
 		{"vf/slow", 200, 4, 1000},
 		{"net2", 200, 0, 1000},
 	} {
-		c, err := ForRequest(claim, driver, tc.request)
+		c, err := vfConfigForRequest(claim, driver, tc.request)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.request, err)
 		}
@@ -68,33 +68,33 @@ func TestPrecedence(t *testing.T) {
 	}
 }
 
-func TestNoConfig(t *testing.T) {
+func TestNoVFConfig(t *testing.T) {
 	t.Parallel()
-	c, err := ForRequest(claimWith(), driver, "vf")
+	c, err := vfConfigForRequest(claimWith(), driver, "vf")
 	if err != nil || c.VLAN != nil || c.MAC != nil {
 		t.Fatalf("empty: %+v %v", c, err)
 	}
 }
 
-func TestErrors(t *testing.T) {
+func TestVFConfigErrors(t *testing.T) {
 	t.Parallel()
-	_, err := ForRequest(claimWith(cfg(resourceapi.AllocationConfigSourceClass, driver, nil, `{`+hdr+`,"vlan":5000}`)), driver, "vf")
+	_, err := vfConfigForRequest(claimWith(cfg(resourceapi.AllocationConfigSourceClass, driver, nil, `{`+hdr+`,"vlan":5000}`)), driver, "vf")
 	if err == nil || !strings.Contains(err.Error(), "config[0] (FromClass)") || !strings.Contains(err.Error(), "vlan: 5000 is out of range") {
 		t.Fatalf("got %v", err)
 	}
-	_, err = ForRequest(claimWith(cfg(resourceapi.AllocationConfigSourceClaim, driver, nil, `{`+hdr+`,"mtu":9000}`)), driver, "vf")
+	_, err = vfConfigForRequest(claimWith(cfg(resourceapi.AllocationConfigSourceClaim, driver, nil, `{`+hdr+`,"mtu":9000}`)), driver, "vf")
 	if err == nil || !strings.Contains(err.Error(), `unknown field "mtu"`) {
 		t.Fatalf("got %v", err)
 	}
 	// Cross-field rules are checked on the merge.
-	_, err = ForRequest(claimWith(
+	_, err = vfConfigForRequest(claimWith(
 		cfg(resourceapi.AllocationConfigSourceClass, driver, nil, `{`+hdr+`,"minTxRateMbps":100}`),
 		cfg(resourceapi.AllocationConfigSourceClaim, driver, nil, `{`+hdr+`,"maxTxRateMbps":10}`),
 	), driver, "vf")
 	if err == nil || !strings.Contains(err.Error(), `request "vf"`) || !strings.Contains(err.Error(), "exceeds maxTxRateMbps") {
 		t.Fatalf("got %v", err)
 	}
-	_, err = ForRequest(&resourceapi.ResourceClaim{}, driver, "vf")
+	_, err = vfConfigForRequest(&resourceapi.ResourceClaim{}, driver, "vf")
 	if err == nil {
 		t.Fatal("unallocated claim accepted")
 	}

@@ -133,7 +133,7 @@ func (e *env) testHelmUpgrade(t *testing.T) {
 		t.Errorf("VF pod after the upgrade: %s", DescribePod(after))
 	}
 	e.checkPrepared(t, v, "")
-	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Load(); err != nil || cp.Claims[types.UID(v.claim.UID)] == nil {
+	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Load(); err != nil || cp.Claims[types.UID(v.claim.UID)] == nil {
 		t.Errorf("checkpoint after the upgrade: %+v %v, want claim %s", cp, err, v.claim.UID)
 	}
 
@@ -274,7 +274,7 @@ func (e *env) testHelmUninstall(t *testing.T) {
 	if cdi, _ := filepath.Glob(filepath.Join(cdiDir, driverName+"*")); len(cdi) > 0 {
 		t.Errorf("CDI specs left without a prepared claim: %v", cdi)
 	}
-	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Load(); err != nil || len(cp.Claims) != 0 {
+	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Load(); err != nil || len(cp.Claims) != 0 {
 		t.Errorf("checkpoint after uninstall: %+v %v, want no claim", cp, err)
 	}
 }

@@ -28,8 +28,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
@@ -340,7 +340,7 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 	if out.bdf == "" || out.pf == "" {
 		t.Fatalf("device %s not found with pciBusID and pfName in the node's slices", r.Device)
 	}
-	out.cdiSpecFile = cdi.Writer{Root: cdiDir}.SpecPath(c.UID)
+	out.cdiSpecFile = prepare.CDIWriter{Root: cdiDir}.SpecPath(c.UID)
 	return out
 }
 
@@ -406,7 +406,7 @@ func (e *env) checkRestored(ctx context.Context, t *testing.T, v vf) {
 	if _, err := os.Stat(filepath.Join(SimRoot, "dev", "vfio", fn.IOMMUGroup)); err == nil {
 		t.Errorf("group node of %s left after unprepare", v.bdf)
 	}
-	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Load(); err != nil {
+	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Load(); err != nil {
 		t.Errorf("checkpoint: %v", err)
 	} else if len(cp.Claims) != 0 {
 		t.Errorf("checkpoint still holds %v", cp.Claims)
@@ -890,7 +890,7 @@ func (e *env) testKillDuringPrepare(t *testing.T) {
 	}
 	group := e.checkPrepared(t, v, "")
 	e.checkContainerSees(ctx, t, pod, "c", "vf", v, group)
-	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Load(); err != nil || len(cp.Claims) != 1 || cp.Claims[types.UID(v.claim.UID)] == nil {
+	if cp, err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Load(); err != nil || len(cp.Claims) != 1 || cp.Claims[types.UID(v.claim.UID)] == nil {
 		t.Errorf("checkpoint after the retry: %+v %v, want exactly claim %s", cp, err, v.claim.UID)
 	}
 	e.deletePod(ctx, t, "default", "vf-pod-kill")

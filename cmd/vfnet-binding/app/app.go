@@ -1,5 +1,7 @@
 // Package app is vfnet-binding's command line: flags, environment, logging
-// and the server's lifetime. cmd/vfnet-binding only wires it to os.
+// and the server's lifetime. cmd/vfnet-binding/main.go only wires it to os;
+// the hooks server and the domain mutation are sidecar/server and
+// sidecar/domain.
 package app
 
 import (

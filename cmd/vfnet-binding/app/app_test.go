@@ -4,7 +4,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/vfnet-io/vfnet/sidecar/app"
+	"github.com/vfnet-io/vfnet/cmd/vfnet-binding/app"
 )
 
 func TestParse(t *testing.T) {

@@ -150,7 +150,7 @@ func TestBinaryExitsZero(t *testing.T) {
 		vmi.Spec.Domain.Devices.Interfaces[1].Binding.Name = "sriov-fast"
 		vj, _ := json.Marshal(vmi)
 		cb := v1alpha3.NewCallbacksClient(conn)
-		out, err := cb.OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: sidecartest.ReadFile(t, "../domain/testdata/q35.xml"), Vmi: vj})
+		out, err := cb.OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: sidecartest.ReadFile(t, "../../../sidecar/domain/testdata/q35.xml"), Vmi: vj})
 		if err != nil || !strings.Contains(string(out.GetDomainXML()), "ua-sriov-dra-net") {
 			t.Fatalf("OnDefineDomain: %v", err)
 		}

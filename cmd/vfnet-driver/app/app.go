@@ -18,8 +18,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,43 +30,22 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vfnet-io/vfnet/driver"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
-	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
-	"github.com/vfnet-io/vfnet/driver/maclookup"
-	"github.com/vfnet-io/vfnet/driver/metrics"
-	"github.com/vfnet-io/vfnet/driver/migration"
-	"github.com/vfnet-io/vfnet/driver/nodelock"
-	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/slices"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
-	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 )
-
-// MigrationLockFileName is the lead lock (in the plugin directory) of the
-// live-migration watcher: one instance per node runs it.
-const MigrationLockFileName = "vfnet-migration.lock"
-
-// Host is the kernel side the driver acts on: the real one, or a
-// simulator's. Close releases it.
-type Host struct {
-	Sysfs   *sysfs.Host
-	Writer  sysfs.Writer
-	Links   vflink.Links
-	DevRoot string
-	Close   func()
-}
 
 // Simulator opens a simulated host in place of the kernel (--simulate): the
 // one built under sysfsRoot, with its /dev at devRoot (empty: its own) and
 // its VF link layer on the namespace file hostNetns. It is a parameter, not
 // a registration, so that whether a binary can simulate is decided by its
 // main package alone: only test/cmd/vfnet-driver-sim passes one.
-type Simulator func(sysfsRoot, devRoot, hostNetns string) (*Host, error)
+type Simulator func(sysfsRoot, devRoot, hostNetns string) (*driver.Host, error)
 
 // SimBinary names the build that carries the simulator, for errors.
 const SimBinary = "vfnet-driver-sim (test/cmd/vfnet-driver-sim)"
@@ -139,7 +116,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 		fmt.Fprintln(stderr, "vfnet-driver inspect: --node-name (or NODE_NAME) is required: the pool is named after the node")
 		return 2
 	}
-	cfg, err := loadConfig(*cfgPath)
+	cfg, err := driver.LoadNodeConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -161,12 +138,12 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	for _, s := range rep.Skipped {
 		fmt.Fprintf(stderr, "# not offered: %s: %s\n", s.Path, s.Reason)
 	}
-	owned, err := checkpointVFs(filepath.Join(*pluginDir, "checkpoint.json"))
+	owned, err := checkpointVFs(filepath.Join(*pluginDir, checkpoint.FileName))
 	if err != nil {
 		fmt.Fprintf(stderr, "# %v: VFs vfnet prepared show as not offered\n", err)
 	}
 	res, err := discovery.Build(pfs, cfg, discovery.Options{Owned: func(a string) bool { _, ok := owned[a]; return ok },
-		NoIOMMUMode: host.NoIOMMUMode(), Holders: groupHolders(*procRoot, *devRoot), Resolve: resolver(h.Links)})
+		NoIOMMUMode: host.NoIOMMUMode(), Holders: driver.GroupHolders(*procRoot, *devRoot), Resolve: driver.LinkResolver(h.Links)})
 	if err != nil {
 		fmt.Fprintf(stderr, "vfnet-driver inspect: %v\n", err)
 		return 1
@@ -186,7 +163,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 	for i := range pfs {
 		vfs = append(vfs, pfs[i].VFs...)
 	}
-	held, err := vfcount.HeldVFs(vfs, groupHolders(*procRoot, *devRoot))
+	held, err := vfcount.HeldVFs(vfs, driver.GroupHolders(*procRoot, *devRoot))
 	if err != nil {
 		fmt.Fprintf(stderr, "# numVFs: cannot tell which VFs on vfio-pci are held open: %v\n", err)
 	}
@@ -217,29 +194,6 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 const hostNetnsHelp = "network namespace file of the host, whose netdevs the PFs are: every VF setting goes through netlink sockets opened there " +
 	"(the default is the host init's, which a pod sees with hostPID: true)"
 
-// resolver is discovery's Resolve over links.
-func resolver(links vflink.Links) func(string) error {
-	return func(netdev string) error {
-		_, err := links.Resolve(netdev)
-		return err
-	}
-}
-
-// groupHolders is discovery.Options.Holders over the host's /proc.
-func groupHolders(procRoot, devRoot string) func([]string) (map[string][]string, error) {
-	sc := vfioholders.Scanner{ProcRoot: procRoot, DevRoot: devRoot}
-	return func(nodes []string) (map[string][]string, error) {
-		got, err := sc.Holders(nodes)
-		out := make(map[string][]string, len(got))
-		for n, hs := range got {
-			for _, h := range hs {
-				out[n] = append(out[n], h.String())
-			}
-		}
-		return out, err
-	}
-}
-
 // checkpointVFs reads the running driver's checkpoint without changing
 // anything, leniently (a diagnostic tool should still say what it can):
 // the VFs vfnet prepared, bound to vfio-pci by vfnet, and their claims.
@@ -256,13 +210,6 @@ func checkpointVFs(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("checkpoint %s unreadable (version %d, want %d): %v", path, f.Version, checkpoint.Version, err)
 	}
 	return prepare.PreparedVFs(&f), nil
-}
-
-func loadConfig(path string) (*nodeconfig.Config, error) {
-	if path == "" {
-		return nil, nil
-	}
-	return nodeconfig.Load(path)
 }
 
 type driverFlags struct {
@@ -348,13 +295,13 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 
 // openHost opens the real kernel's side (the VF link layer is netlink in
 // the namespace hostNetns), or with sim (--simulate) the simulated host's.
-func openHost(sysfsRoot, devRoot, hostNetns string, sim Simulator) (*Host, error) {
+func openHost(sysfsRoot, devRoot, hostNetns string, sim Simulator) (*driver.Host, error) {
 	if sim == nil {
 		l, err := vflink.Open(hostNetns)
 		if err != nil {
 			return nil, fmt.Errorf("--host-netns: %w", err)
 		}
-		return &Host{Sysfs: sysfs.New(sysfsRoot), Writer: sysfs.RootWriter{Root: sysfsRoot}, Links: l, DevRoot: devRoot, Close: func() { l.Close() }}, nil
+		return &driver.Host{Sysfs: sysfs.New(sysfsRoot), Writer: sysfs.RootWriter{Root: sysfsRoot}, Links: l, DevRoot: devRoot, Close: func() { l.Close() }}, nil
 	}
 	if devRoot == "/dev" {
 		devRoot = "" // the simulated host's own
@@ -385,16 +332,18 @@ func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, er
 	return kube, dyn, nil
 }
 
+// run opens the host and the API server, runs the driver and, once it has
+// published, the health endpoint beside it.
 func run(ctx context.Context, f driverFlags, sim Simulator) error {
-	logger := klog.FromContext(ctx)
-	if f.nodeName == "" {
-		return errors.New("--node-name (or NODE_NAME) is required")
+	cfg := driver.Config{
+		NodeName: f.nodeName, ConfigPath: f.config,
+		RescanInterval: f.rescan, HealthInterval: f.healthInterval, VFCountRetryInterval: f.pendingInterval,
+		ClaimsListTimeout: f.claimsListTimeout,
+		RegistrarDir:      f.registrarDir, PluginDir: f.pluginDir, CDIRoot: f.cdiRoot, PodUID: f.podUID,
+		KubeletPodsDir: f.kubeletPodsDir, ProcRoot: f.procRoot, BindingName: f.bindingName, Simulated: sim != nil,
 	}
-	if f.rescan <= 0 || f.healthInterval <= 0 || f.pendingInterval <= 0 || f.claimsListTimeout <= 0 {
-		return errors.New("--rescan-interval, --health-interval, --vf-count-retry-interval and --claims-list-timeout must be positive")
-	}
-	// A broken configuration must stop the rollout, not publish nothing.
-	if _, err := loadConfig(f.config); err != nil {
+	// Flags first: a mistake there is reported before the host is touched.
+	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	h, err := openHost(f.sysfsRoot, f.devRoot, f.hostNetns, sim)
@@ -402,182 +351,53 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		return err
 	}
 	defer h.Close()
-	if f.simulate {
-		warnSimulated(ctx, f.sysfsRoot)
-		go func() {
-			t := time.NewTicker(time.Minute)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					warnSimulated(ctx, f.sysfsRoot)
-				}
-			}
-		}()
+	if cfg.Kube, cfg.Dynamic, err = kubeClients(f.kubeconfig); err != nil {
+		return err
 	}
-	kube, dyn, err := kubeClients(f.kubeconfig)
+	cfg.Host = h
+	d, err := driver.New(cfg)
 	if err != nil {
 		return err
 	}
-
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var loop *slices.Loop
-	// The plugin serves prepare calls before the loop exists; they read it
-	// through this pointer (nil: attributes come from sysfs).
-	var published atomic.Pointer[slices.Loop]
-	// One Event recorder for prepare (VFNetMACNotMigratable) and migration.
-	events, stopEvents := migration.NewRecorder(ctx, kube, f.nodeName)
-	defer stopEvents()
-	holders := groupHolders(f.procRoot, h.DevRoot)
-	monitor := health.NewMonitor(health.Options{PoolName: f.nodeName, Resolve: resolver(h.Links),
-		// A PF's link went down or up, or it vanished: republish now with
-		// or without the taint instead of at the next rescan.
-		OnPFChange: func() {
-			if l := published.Load(); l != nil {
-				l.Trigger()
-			}
-		}})
-	var state *prepare.State
-	mx := metrics.New(metrics.State{
-		Published: func() []discovery.Device {
-			if l := published.Load(); l != nil {
-				return l.Published()
-			}
-			return nil
-		},
-		Claimed: func() []metrics.ClaimDevice { return metrics.ClaimDevices(state.Snapshot()) },
-		PFs:     monitor.PFs,
-		Tainted: func() map[string]int {
-			if l := published.Load(); l != nil {
-				return l.Tainted()
-			}
-			return nil
-		},
-	})
-	state, err = prepare.New(prepare.Options{
-		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Links: h.Links, DevRoot: h.DevRoot,
-		CheckpointPath: filepath.Join(f.pluginDir, "checkpoint.json"), CDIRoot: f.cdiRoot, Kube: kube,
-		MACs:   maclookup.Lookup{Kube: kube, VMIs: maclookup.DynamicVMIGetter{Client: dyn}, BindingName: f.bindingName},
-		Events: events,
-		CheckVF: func(bdf string) error {
-			pol := discovery.Policy{}
-			// The rescan loop reports a broken file; a VF is then checked
-			// with the safe defaults.
-			if cfg, err := loadConfig(f.config); err == nil && cfg != nil {
-				pol.AllowUnsafeNoIOMMU = cfg.AllowUnsafeNoIOMMU
-			}
-			return discovery.CheckVF(h.Sysfs, bdf, pol, holders)
-		},
-		Published: func() []discovery.Device {
-			if l := published.Load(); l != nil {
-				return l.Published()
-			}
-			return nil
-		},
-		Observer: mx,
-		// A VF count change may have waited for this claim.
-		AfterUnprepare: func() {
-			if l := published.Load(); l != nil {
-				l.Trigger()
-			}
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("load prepare state: %w", err)
+	if sim != nil {
+		go warnSimulatedEvery(ctx, time.Minute, f.sysfsRoot)
 	}
-	counts := vfcount.New(vfcount.Options{
-		NodeName: f.nodeName, Sysfs: h.Sysfs, Writer: h.Writer, Events: events, Holders: holders,
-		Prepared: func() map[string]string { return prepare.PreparedVFs(state.Snapshot()) },
-		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error {
-			return state.Exclusive(ctx, func(cp *checkpoint.File) error { return fn(prepare.PreparedVFs(cp)) })
-		},
-		Allocated: vfcount.APIAllocated(kube, discovery.DriverName, f.nodeName, f.claimsListTimeout),
-	})
-	p, err := plugin.Start(ctx, plugin.Options{
-		NodeName: f.nodeName, KubeClient: kube,
-		RegistrarDir: f.registrarDir, PluginDir: f.pluginDir, CDIDir: f.cdiRoot, PodUID: f.podUID,
-		Preparer: state, Health: monitor,
-		OnFatal:   func(err error) { cancel(err) },
-		OnRequest: mx.RequestDone,
-	})
-	if err != nil {
+	klog.FromContext(ctx).Info("vfnet-driver starting", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "hostNetns", f.hostNetns, "config", f.config, "simulated", sim != nil)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	select {
+	case err := <-done:
 		return err
+	case <-d.Started():
 	}
-	defer p.Stop()
-	loop = slices.NewLoop(slices.LoopOptions{
-		NodeName: f.nodeName, Discoverer: h.Sysfs, Publisher: p, Owned: state.Owned,
-		NoIOMMUMode: h.Sysfs.NoIOMMUMode, Holders: holders, Resolve: resolver(h.Links),
-		LoadConfig: func() (*nodeconfig.Config, error) { return loadConfig(f.config) },
-		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
-		OnPublish:  mx.Published,
-		VFCount:    counts, PendingInterval: f.pendingInterval,
-		// A count change waits until the API server shows its taints.
-		PublishedSlices: p.PublishedSlices,
-	})
-	published.Store(loop)
-	// The first publish waits for the ResourceSlice informer to sync; a
-	// SIGTERM meanwhile is a normal stop, not a failure.
-	if _, err := loop.Scan(ctx); err != nil {
-		if ctx.Err() != nil {
-			return shutdownCause(ctx)
-		}
-		return err
-	}
-	st := &status{}
-	st.scanned(time.Now())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel(nil)
-	wg.Go(func() { loop.Run(ctx, f.rescan) })
-	wg.Go(func() {
-		monitor.Run(ctx, f.healthInterval, func(ctx context.Context) ([]sysfs.PF, error) {
-			// Quiet: the rescan loop already reported unusable functions.
-			pfs, err := h.Sysfs.Discover(klog.NewContext(ctx, klog.FromContext(ctx).V(4)))
-			if err == nil {
-				st.scanned(time.Now())
-			}
-			return pfs, err
-		}, loop.Published)
-	})
-	wg.Go(func() {
-		// During a rolling update two instances run; two watchers would
-		// attach every migrated VF twice. The instance holding the lead
-		// lock runs it; the other waits and takes over when the holder
-		// stops or dies.
-		err := nodelock.Lead(ctx, filepath.Join(f.pluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
-			return migration.Run(ctx, migration.Options{
-				NodeName: f.nodeName, KubeletPodsDir: f.kubeletPodsDir, Simulate: f.simulate, ProcRoot: f.procRoot,
-				BindingName: f.bindingName, Kube: kube, Dynamic: dyn, Recorder: events, OnAttach: mx.AttachDone,
-			})
-		})
-		if err != nil && ctx.Err() == nil {
-			// Prepare and publishing do not depend on it: keep serving.
-			logger.Error(err, "Live-migration re-attach stopped; VMs migrating to this node will lack their VF until the driver restarts")
-		}
-	})
 	if f.healthAddr != "" {
-		srv, err := serveHealth(ctx, f.healthAddr, st, 3*max(f.healthInterval, f.rescan), mx.Handler())
+		srv, err := serveHealth(ctx, f.healthAddr, d, 3*max(f.healthInterval, f.rescan))
 		if err != nil {
+			cancel()
+			<-done
 			return err
 		}
 		defer srv.Close()
 	}
-	logger.Info("vfnet-driver running", "node", f.nodeName, "sysfsRoot", f.sysfsRoot, "hostNetns", f.hostNetns, "config", f.config, "rescanInterval", f.rescan, "simulated", f.simulate)
-	<-ctx.Done()
-	return shutdownCause(ctx)
+	return <-done
 }
 
-// shutdownCause is nil for a signal (the parent context was canceled) and the
-// fatal error that canceled ctx otherwise.
-func shutdownCause(ctx context.Context) error {
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
+// warnSimulatedEvery says at start and every interval that the host is a
+// simulation, so that nobody mistakes a simulated node's logs for a real one's.
+func warnSimulatedEvery(ctx context.Context, interval time.Duration, root string) {
+	warnSimulated(ctx, root)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			warnSimulated(ctx, root)
+		}
 	}
-	klog.FromContext(ctx).Info("Shutting down")
-	return nil
 }
 
 func warnSimulated(ctx context.Context, root string) {
@@ -585,30 +405,19 @@ func warnSimulated(ctx context.Context, root string) {
 		" (test/lib/simhost), NOT on real hardware; VFs, vfio-pci binds and VF settings are simulated !!!")
 }
 
-// status backs /healthz (the host was read recently) and /readyz (the
-// driver published once; set before the server starts).
-type status struct {
-	mu   sync.Mutex
-	last time.Time
+// scanner is what the health endpoint asks of the driver.
+type scanner interface {
+	LastScan() time.Time
+	MetricsHandler() http.Handler
 }
 
-func (s *status) scanned(t time.Time) {
-	s.mu.Lock()
-	s.last = t
-	s.mu.Unlock()
-}
-
-func (s *status) since() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return time.Since(s.last)
-}
-
-func serveHealth(ctx context.Context, addr string, st *status, stale time.Duration, metricsHandler http.Handler) (*http.Server, error) {
+// serveHealth serves /healthz (the host was read within stale), /readyz
+// (started only once the driver published) and /metrics.
+func serveHealth(ctx context.Context, addr string, d scanner, stale time.Duration) (*http.Server, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metricsHandler)
+	mux.Handle("/metrics", d.MetricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if d := st.since(); d > stale {
+		if d := time.Since(d.LastScan()); d > stale {
 			http.Error(w, fmt.Sprintf("no successful sysfs scan for %s", d.Truncate(time.Second)), http.StatusServiceUnavailable)
 			return
 		}

@@ -273,7 +273,7 @@ func TestInspectCountsPreparedVFs(t *testing.T) {
 	cp := &checkpoint.File{Version: checkpoint.Version, Claims: map[types.UID]*checkpoint.Claim{
 		"uid-1": {Namespace: "ns", Name: "c", Phase: checkpoint.PhasePrepared, Devices: []checkpoint.Device{{BDF: "0000:3b:02.2", Device: "vf-0000-3b-02-2"}}},
 	}}
-	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Save(cp); err != nil {
+	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Save(cp); err != nil {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
@@ -457,7 +457,7 @@ func TestInspectNumVFs(t *testing.T) {
 	cp := &checkpoint.File{Version: checkpoint.Version, Claims: map[types.UID]*checkpoint.Claim{
 		"uid-1": {Namespace: "vms", Name: "vm-a", Phase: checkpoint.PhasePrepared, Devices: []checkpoint.Device{{BDF: "0000:3b:02.1", Device: "vf-0000-3b-02-1"}}},
 	}}
-	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, "checkpoint.json")}).Save(cp); err != nil {
+	if err := (checkpoint.Store{Path: filepath.Join(pluginDir, checkpoint.FileName)}).Save(cp); err != nil {
 		t.Fatal(err)
 	}
 	cfg := `apiVersion: vfnet.io/v1alpha1

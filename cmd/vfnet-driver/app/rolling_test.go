@@ -350,7 +350,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	}
 	n := &rollingNode{t: t, bin: bin, kubeconfig: plane.AdminKubeconfig, node: node, root: h.Root(), sock: sock, procFS: h.ProcRoot(),
 		cfg: writeFile(t, "apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: enp59s0f0\n  network: physnet-a\n- pfName: enp59s0f1\n  network: physnet-a\n")}
-	cpPath := filepath.Join(sock, "plg", "checkpoint.json")
+	cpPath := filepath.Join(sock, "plg", checkpoint.FileName)
 	initial := vfStates(t, h)
 
 	pfs, err := h.Sysfs().Discover(context.Background())

@@ -20,6 +20,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
@@ -198,7 +199,7 @@ func TestConcurrentAndKilled(t *testing.T) {
 		d1 := m.startDriver(t, ctx, ns, dir)
 		calls := make(chan error, 1)
 		go func() { _, err := d1.prepare(ctx, ref); calls <- err }()
-		cp := filepath.Join(dir, "plugin", "checkpoint.json")
+		cp := filepath.Join(dir, "plugin", checkpoint.FileName)
 		waitFor(t, ctx, d1.exited, "the claim in the driver's checkpoint", func() bool {
 			data, _ := os.ReadFile(cp)
 			return strings.Contains(string(data), ref.Uid)

@@ -14,10 +14,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/vfnet-io/vfnet/driver/cdi"
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -114,7 +114,7 @@ func TestRecreatedVFs(t *testing.T) {
 	if e := s.Snapshot().Claims[cKept.UID]; e == nil || e.Phase != checkpoint.PhasePrepared {
 		t.Errorf("checkpoint entry of %s after the repeated prepare: %+v", cKept.Name, e)
 	}
-	specPath := cdi.Writer{Root: filepath.Join(dir, "cdi")}.SpecPath(cKept.UID)
+	specPath := prepare.CDIWriter{Root: filepath.Join(dir, "cdi")}.SpecPath(cKept.UID)
 	spec, err := os.ReadFile(specPath)
 	if err != nil {
 		t.Fatalf("CDI spec of %s after the repeated prepare: %v", cKept.Name, err)

@@ -7,7 +7,7 @@ package simulate
 import (
 	"fmt"
 
-	"github.com/vfnet-io/vfnet/cmd/vfnet-driver/app"
+	"github.com/vfnet-io/vfnet/driver"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
@@ -15,7 +15,7 @@ import (
 // Open is an app.Simulator: it reopens the simulated host under sysfsRoot
 // (its /dev at devRoot when not empty), with the simulated kernel as the
 // sysfs writer and the simulated VF link layer on hostNetns.
-func Open(sysfsRoot, devRoot, hostNetns string) (*app.Host, error) {
+func Open(sysfsRoot, devRoot, hostNetns string) (*driver.Host, error) {
 	var opts []simhost.Option
 	if devRoot != "" {
 		opts = append(opts, simhost.WithDevRoot(devRoot))
@@ -35,5 +35,5 @@ func Open(sysfsRoot, devRoot, hostNetns string) (*app.Host, error) {
 		}
 		links = l
 	}
-	return &app.Host{Sysfs: h.Sysfs(), Writer: h.Kernel(), Links: links, DevRoot: h.DevRoot(), Close: func() { h.Close() }}, nil
+	return &driver.Host{Sysfs: h.Sysfs(), Writer: h.Kernel(), Links: links, DevRoot: h.DevRoot(), Close: func() { h.Close() }}, nil
 }

@@ -1,0 +1,376 @@
+// Package driver is vfnet-driver: one object that owns the parts of a node's
+// DRA driver and wires them to each other. The parts live in the packages
+// below this one: discovery and the publish loop (slices), the kubelet plugin
+// (plugin), prepare and its checkpoint (prepare), VF counts (vfcount), PF
+// health (health), metrics, and the live-migration re-attach (migration).
+//
+// What one part needs of another is a method of Driver, so that every edge
+// between the parts shows here: prepare asks for the published devices, an
+// unprepare and a PF change ask for a republish, the VF count reconciler
+// borrows the prepare lock, metrics read the published and prepared devices.
+// cmd/vfnet-driver parses flags, opens the host and runs a Driver.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
+	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
+	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/driver/maclookup"
+	"github.com/vfnet-io/vfnet/driver/metrics"
+	"github.com/vfnet-io/vfnet/driver/migration"
+	"github.com/vfnet-io/vfnet/driver/nodelock"
+	"github.com/vfnet-io/vfnet/driver/plugin"
+	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/vfcount"
+	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+)
+
+// MigrationLockFileName is the lead lock (in the plugin directory) of the
+// live-migration watcher: one instance per node runs it.
+const MigrationLockFileName = "vfnet-migration.lock"
+
+// Host is the kernel side the driver acts on: the real one, or a
+// simulator's. Close releases it.
+type Host struct {
+	Sysfs   *sysfs.Host
+	Writer  sysfs.Writer
+	Links   vflink.Links
+	DevRoot string
+	Close   func()
+}
+
+// Config is what a Driver needs: the node, the host it acts on, the API
+// server, the kubelet's directories and the intervals. cmd/vfnet-driver
+// fills it from flags.
+type Config struct {
+	NodeName string
+	Host     *Host
+	Kube     kubernetes.Interface
+	Dynamic  dynamic.Interface
+	// ConfigPath is the node configuration file (NodeConfig), re-read on
+	// every scan; empty: nothing is offered.
+	ConfigPath string
+	// RescanInterval, HealthInterval and VFCountRetryInterval pace the
+	// publish loop, the PF health monitor and a pending VF count change.
+	RescanInterval, HealthInterval, VFCountRetryInterval time.Duration
+	// ClaimsListTimeout bounds one list of ResourceClaims for a VF count
+	// change (vfcount.APIAllocated).
+	ClaimsListTimeout time.Duration
+	// RegistrarDir, PluginDir and CDIRoot are the kubelet's plugin
+	// registration directory, the driver's data directory (socket,
+	// checkpoint, metadata, locks) and the CDI spec directory.
+	RegistrarDir, PluginDir, CDIRoot string
+	// PodUID is the driver pod's UID (seamless rolling updates; may be empty).
+	PodUID string
+	// KubeletPodsDir and ProcRoot are the kubelet's pods directory and the
+	// host's /proc (launcher sockets and QEMU for the migration re-attach;
+	// who holds /dev/vfio group nodes open).
+	KubeletPodsDir, ProcRoot string
+	// BindingName is the binding plugin's name in the KubeVirt CR.
+	BindingName string
+	// Simulated: Host is a simulator's (no QEMU behind a launcher).
+	Simulated bool
+}
+
+// Validate checks the settings that need neither the host nor the API
+// server, and that the node configuration file reads: a broken file must
+// stop a rollout, not publish nothing. Errors name the flag to fix.
+func (c Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	if c.RescanInterval <= 0 || c.HealthInterval <= 0 || c.VFCountRetryInterval <= 0 || c.ClaimsListTimeout <= 0 {
+		return errors.New("--rescan-interval, --health-interval, --vf-count-retry-interval and --claims-list-timeout must be positive")
+	}
+	_, err := LoadNodeConfig(c.ConfigPath)
+	return err
+}
+
+// Driver is one node's vfnet-driver. New checks its configuration; Run
+// builds and starts the parts and returns when its context ends or a part
+// fails for good. A Driver runs once.
+type Driver struct {
+	cfg     Config
+	holders func([]string) (map[string][]string, error)
+	monitor *health.Monitor
+	metrics *metrics.Metrics
+	state   *prepare.State
+	counts  *vfcount.Reconciler
+	loop    *slices.Loop
+	// plugin is set by Run before the loop's first scan, the only caller
+	// of the methods that use it.
+	plugin *plugin.Plugin
+	// lastScan is when the host was last read successfully (Unix ns).
+	lastScan atomic.Int64
+	started  chan struct{}
+}
+
+// New checks cfg (Validate). Nothing runs and nothing is read from the
+// host until Run.
+func New(cfg Config) (*Driver, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Host == nil || cfg.Kube == nil || cfg.Dynamic == nil {
+		return nil, errors.New("driver configuration: Host, Kube and Dynamic are required")
+	}
+	return &Driver{cfg: cfg, holders: GroupHolders(cfg.ProcRoot, cfg.Host.DevRoot), started: make(chan struct{})}, nil
+}
+
+// assemble builds the parts, each given the methods of d it depends on,
+// and reads the prepare checkpoint. The publish loop exists before the
+// kubelet plugin serves prepare calls, which ask it for its devices; it
+// reaches the plugin (set by Run before its first scan) through publisher.
+func (d *Driver) assemble(events record.EventRecorder) error {
+	cfg := d.cfg
+	d.monitor = health.NewMonitor(health.Options{PoolName: cfg.NodeName, Resolve: LinkResolver(cfg.Host.Links),
+		// A PF's link went down or up, or it vanished: republish now with
+		// or without the taint instead of at the next rescan.
+		OnPFChange: d.republish})
+	d.metrics = metrics.New(metrics.State{
+		Published: d.publishedDevices,
+		Claimed:   d.claimedDevices,
+		PFs:       d.monitor.PFs,
+		Tainted:   d.taintedDevices,
+	})
+	d.counts = vfcount.New(vfcount.Options{
+		NodeName: cfg.NodeName, Sysfs: cfg.Host.Sysfs, Writer: cfg.Host.Writer, Events: events, Holders: d.holders,
+		Prepared:  d.preparedVFs,
+		Exclusive: d.withPrepareLock,
+		Allocated: vfcount.APIAllocated(cfg.Kube, discovery.DriverName, cfg.NodeName, cfg.ClaimsListTimeout),
+	})
+	d.loop = slices.NewLoop(slices.LoopOptions{
+		NodeName: cfg.NodeName, Discoverer: cfg.Host.Sysfs, Publisher: publisher{d}, Owned: d.owned,
+		NoIOMMUMode: cfg.Host.Sysfs.NoIOMMUMode, Holders: d.holders, Resolve: LinkResolver(cfg.Host.Links),
+		LoadConfig: func() (*nodeconfig.Config, error) { return LoadNodeConfig(cfg.ConfigPath) },
+		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { d.monitor.Observe(pfs, res.Devices) },
+		OnPublish:  d.metrics.Published,
+		VFCount:    d.counts, PendingInterval: cfg.VFCountRetryInterval,
+		// A count change waits until the API server shows its taints.
+		PublishedSlices: d.publishedSlices,
+	})
+	state, err := prepare.New(prepare.Options{
+		NodeName: cfg.NodeName, Sysfs: cfg.Host.Sysfs, Writer: cfg.Host.Writer, Links: cfg.Host.Links, DevRoot: cfg.Host.DevRoot,
+		CheckpointPath: filepath.Join(cfg.PluginDir, checkpoint.FileName), CDIRoot: cfg.CDIRoot, Kube: cfg.Kube,
+		MACs:      maclookup.Lookup{Kube: cfg.Kube, VMIs: maclookup.DynamicVMIGetter{Client: cfg.Dynamic}, BindingName: cfg.BindingName},
+		Events:    events,
+		CheckVF:   d.checkVF,
+		Published: d.publishedDevices,
+		Observer:  d.metrics,
+		// A VF count change may have waited for this claim.
+		AfterUnprepare: d.republish,
+	})
+	if err != nil {
+		return fmt.Errorf("load prepare state: %w", err)
+	}
+	d.state = state
+	return nil
+}
+
+// Run reads the prepare checkpoint, registers with the kubelet, publishes
+// the node's VFs, then runs the publish loop, the health monitor and the migration re-attach until ctx
+// ends (nil) or a part fails for good (its error).
+func (d *Driver) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	cfg := d.cfg
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// One Event recorder for prepare (VFNetMACNotMigratable), VF counts and
+	// migration.
+	events, stopEvents := migration.NewRecorder(ctx, cfg.Kube, cfg.NodeName)
+	defer stopEvents()
+	if err := d.assemble(events); err != nil {
+		return err
+	}
+	p, err := plugin.Start(ctx, plugin.Options{
+		NodeName: cfg.NodeName, KubeClient: cfg.Kube,
+		RegistrarDir: cfg.RegistrarDir, PluginDir: cfg.PluginDir, CDIDir: cfg.CDIRoot, PodUID: cfg.PodUID,
+		Preparer: d.state, Health: d.monitor,
+		OnFatal:   func(err error) { cancel(err) },
+		OnRequest: d.metrics.RequestDone,
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	d.plugin = p
+	// The first publish waits for the ResourceSlice informer to sync; a
+	// SIGTERM meanwhile is a normal stop, not a failure.
+	if _, err := d.loop.Scan(ctx); err != nil {
+		if ctx.Err() != nil {
+			return shutdownCause(ctx)
+		}
+		return err
+	}
+	d.scanned()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel(nil)
+	wg.Go(func() { d.loop.Run(ctx, cfg.RescanInterval) })
+	wg.Go(func() { d.monitor.Run(ctx, cfg.HealthInterval, d.probePFs, d.loop.Published) })
+	wg.Go(func() { d.runMigration(ctx, events) })
+	logger.Info("vfnet-driver running", "node", cfg.NodeName, "config", cfg.ConfigPath, "rescanInterval", cfg.RescanInterval, "simulated", cfg.Simulated)
+	close(d.started)
+	<-ctx.Done()
+	return shutdownCause(ctx)
+}
+
+// Started is closed once Run has published and started every part.
+func (d *Driver) Started() <-chan struct{} { return d.started }
+
+// LastScan is when the host was last read successfully (zero before Run
+// published once): /healthz reports a driver whose reads keep failing.
+func (d *Driver) LastScan() time.Time {
+	if n := d.lastScan.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// MetricsHandler serves the driver's Prometheus metrics.
+func (d *Driver) MetricsHandler() http.Handler { return d.metrics.Handler() }
+
+func (d *Driver) scanned() { d.lastScan.Store(time.Now().UnixNano()) }
+
+// probePFs is the health monitor's read of the host.
+func (d *Driver) probePFs(ctx context.Context) ([]sysfs.PF, error) {
+	// Quiet: the publish loop already reported unusable functions.
+	pfs, err := d.cfg.Host.Sysfs.Discover(klog.NewContext(ctx, klog.FromContext(ctx).V(4)))
+	if err == nil {
+		d.scanned()
+	}
+	return pfs, err
+}
+
+// runMigration runs the live-migration re-attach while this instance holds
+// the node's lead lock: during a rolling update two instances run, and two
+// watchers would attach every migrated VF twice; the other waits and takes
+// over when the holder stops or dies.
+func (d *Driver) runMigration(ctx context.Context, events record.EventRecorder) {
+	cfg := d.cfg
+	err := nodelock.Lead(ctx, filepath.Join(cfg.PluginDir, MigrationLockFileName), "live-migration re-attach", func(ctx context.Context) error {
+		return migration.Run(ctx, migration.Options{
+			NodeName: cfg.NodeName, KubeletPodsDir: cfg.KubeletPodsDir, Simulate: cfg.Simulated, ProcRoot: cfg.ProcRoot,
+			BindingName: cfg.BindingName, Kube: cfg.Kube, Dynamic: cfg.Dynamic, Recorder: events, OnAttach: d.metrics.AttachDone,
+		})
+	})
+	if err != nil && ctx.Err() == nil {
+		// Prepare and publishing do not depend on it: keep serving.
+		klog.FromContext(ctx).Error(err, "Live-migration re-attach stopped; VMs migrating to this node will lack their VF until the driver restarts")
+	}
+}
+
+// republish asks the publish loop for a scan now: a PF changed, or an
+// unprepare freed a VF that a VF count change waited for.
+func (d *Driver) republish() { d.loop.Trigger() }
+
+// publishedDevices is what the last publish offered (nil before it): the
+// attributes prepare writes into the device metadata, and metrics.
+func (d *Driver) publishedDevices() []discovery.Device { return d.loop.Published() }
+
+// taintedDevices counts the published devices with a VF count taint per PF.
+func (d *Driver) taintedDevices() map[string]int { return d.loop.Tainted() }
+
+// preparedVFs maps each VF prepare holds to its claim.
+func (d *Driver) preparedVFs() map[string]string { return prepare.PreparedVFs(d.state.Snapshot()) }
+
+// owned reports a VF that vfnet itself bound to vfio-pci.
+func (d *Driver) owned(vf string) bool { return d.state.Owned(vf) }
+
+// claimedDevices is the prepared devices for metrics.
+func (d *Driver) claimedDevices() []metrics.ClaimDevice {
+	return metrics.ClaimDevices(d.state.Snapshot())
+}
+
+// withPrepareLock runs fn with the VFs prepare holds while no prepare or
+// unprepare runs, so that a VF count change cannot race a prepare.
+func (d *Driver) withPrepareLock(ctx context.Context, fn func(prepared map[string]string) error) error {
+	return d.state.Exclusive(ctx, func(cp *checkpoint.File) error { return fn(prepare.PreparedVFs(cp)) })
+}
+
+// checkVF is prepare's last check of a VF before it changes anything.
+func (d *Driver) checkVF(bdf string) error {
+	pol := discovery.Policy{}
+	// The publish loop reports a broken file; a VF is then checked with
+	// the safe defaults.
+	if cfg, err := LoadNodeConfig(d.cfg.ConfigPath); err == nil && cfg != nil {
+		pol.AllowUnsafeNoIOMMU = cfg.AllowUnsafeNoIOMMU
+	}
+	return discovery.CheckVF(d.cfg.Host.Sysfs, bdf, pol, d.holders)
+}
+
+// publishedSlices reads this node's ResourceSlices back from the API server.
+func (d *Driver) publishedSlices(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	return d.plugin.PublishedSlices(ctx)
+}
+
+// publisher hands the publish loop's slices to the kubelet plugin.
+type publisher struct{ d *Driver }
+
+func (p publisher) PublishResources(ctx context.Context, res resourceslice.DriverResources) error {
+	return p.d.plugin.PublishResources(ctx, res)
+}
+
+// LoadNodeConfig reads the node configuration file; no file (empty path)
+// is no configuration, under which nothing is offered.
+func LoadNodeConfig(path string) (*nodeconfig.Config, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return nodeconfig.Load(path)
+}
+
+// shutdownCause is nil for a stop (the parent context was canceled) and the
+// fatal error that canceled ctx otherwise.
+func shutdownCause(ctx context.Context) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	klog.FromContext(ctx).Info("Shutting down")
+	return nil
+}
+
+// LinkResolver is discovery's Resolve over links: a PF netdev the VF link
+// layer cannot find is not offered.
+func LinkResolver(links vflink.Links) func(string) error {
+	return func(netdev string) error {
+		_, err := links.Resolve(netdev)
+		return err
+	}
+}
+
+// GroupHolders is discovery.Options.Holders over the host's /proc.
+func GroupHolders(procRoot, devRoot string) func([]string) (map[string][]string, error) {
+	sc := vfioholders.Scanner{ProcRoot: procRoot, DevRoot: devRoot}
+	return func(nodes []string) (map[string][]string, error) {
+		got, err := sc.Holders(nodes)
+		out := make(map[string][]string, len(got))
+		for n, hs := range got {
+			for _, h := range hs {
+				out[n] = append(out[n], h.String())
+			}
+		}
+		return out, err
+	}
+}
