@@ -41,7 +41,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 )
@@ -117,7 +117,7 @@ type Driver struct {
 	metrics *metrics.Metrics
 	state   *prepare.State
 	counts  *vfcount.Reconciler
-	loop    *slices.Loop
+	loop    *publish.Loop
 	// plugin is set by Run before the loop's first scan, the only caller
 	// of the methods that use it.
 	plugin *plugin.Plugin
@@ -160,7 +160,7 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 		Exclusive: d.withPrepareLock,
 		Allocated: vfcount.APIAllocated(cfg.Kube, discovery.DriverName, cfg.NodeName, cfg.ClaimsListTimeout),
 	})
-	d.loop = slices.NewLoop(slices.LoopOptions{
+	d.loop = publish.NewLoop(publish.LoopOptions{
 		NodeName: cfg.NodeName, Discoverer: cfg.Host.Sysfs, Publisher: publisher{d}, Owned: d.owned,
 		NoIOMMUMode: cfg.Host.Sysfs.NoIOMMUMode, Holders: d.holders, Resolve: LinkResolver(cfg.Host.Links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return LoadNodeConfig(cfg.ConfigPath) },

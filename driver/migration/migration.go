@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/driver/migration/vmiwatch"
 )
 
 // Options configure Run.
@@ -41,7 +41,7 @@ type Options struct {
 	// Recorder records Events on VMIs; nil: Run makes its own
 	// (NewRecorder).
 	Recorder record.EventRecorder
-	// OnAttach, if set, sees every finished attach (watch.Config.OnAttach).
+	// OnAttach, if set, sees every finished attach (vmiwatch.Config.OnAttach).
 	OnAttach func(side string, d time.Duration, err error)
 }
 
@@ -74,7 +74,7 @@ func Run(ctx context.Context, o Options) error {
 		recorder, stop = NewRecorder(ctx, o.Kube, o.NodeName)
 		defer stop()
 	}
-	w, err := watch.New(watch.Config{
+	w, err := vmiwatch.New(vmiwatch.Config{
 		NodeName:    o.NodeName,
 		BindingName: o.BindingName,
 		Kube:        o.Kube,

@@ -29,7 +29,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
@@ -128,7 +128,7 @@ func newFakeClient(node string) *fake.Clientset {
 		}
 		n++
 		s.ResourceVersion = "1"
-		if len(s.Spec.Devices) > slices.MaxDevicesPerSlice {
+		if len(s.Spec.Devices) > publish.MaxDevicesPerSlice {
 			return true, nil, apierrors.NewInvalid(resourceapi.SchemeGroupVersion.WithKind("ResourceSlice").GroupKind(), s.Name, nil)
 		}
 		return false, nil, nil
@@ -240,7 +240,7 @@ func TestPublishLargeHost(t *testing.T) {
 		}
 	}
 
-	loop := slices.NewLoop(slices.LoopOptions{
+	loop := publish.NewLoop(publish.LoopOptions{
 		NodeName: node, Discoverer: h.Sysfs(), Publisher: p,
 		LoadConfig: func() (*nodeconfig.Config, error) { return nodeconfig.Load(cfgPath) },
 		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { monitor.Observe(pfs, res.Devices) },
@@ -296,7 +296,7 @@ func TestPublishLargeHost(t *testing.T) {
 	for _, s := range got {
 		for _, d := range s.Spec.Devices {
 			gone := *d.Attributes[discovery.AttrPFPCIAddress].StringValue == "0000:86:00.0"
-			if tainted := len(d.Taints) == 1 && d.Taints[0].Key == slices.TaintKey && d.Taints[0].Value == health.PFGone; tainted != gone {
+			if tainted := len(d.Taints) == 1 && d.Taints[0].Key == publish.TaintKey && d.Taints[0].Value == health.PFGone; tainted != gone {
 				t.Fatalf("device %s (of the removed PF: %v) has taints %+v", d.Name, gone, d.Taints)
 			}
 			if gone && len(s.Spec.Devices) > 64 {
@@ -364,7 +364,7 @@ func vfClaim(name, class string) *resourceapi.ResourceClaim {
 	}
 }
 
-// allocate runs the scheduler's allocator over the published slices.
+// allocate runs the scheduler's allocator over the published publish.
 func allocate(ctx context.Context, t *testing.T, published []*resourceapi.ResourceSlice, node string) {
 	classes := classLister{"physnet-a": networkClass("physnet-a"), "physnet-b": networkClass("physnet-b"), "physnet-x": networkClass("physnet-x")}
 	byName := map[string]resourceapi.Device{}

@@ -14,7 +14,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
-	vfslices "github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
@@ -149,7 +149,7 @@ func TestLoweringWaitsWhileReadBackHangs(t *testing.T) {
 	logs := logsOf(t, e)
 	writes := watchWrites(e)
 	hang := true
-	e.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: e.pub,
+	e.loop = publish.NewLoop(publish.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: e.pub,
 		LoadConfig: func() (*nodeconfig.Config, error) { return e.cfg, nil }, VFCount: e.rec,
 		ReadBackTimeout: 100 * time.Millisecond,
 		PublishedSlices: func(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
@@ -214,7 +214,7 @@ func TestNoReadBackNeverLowers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, simhost.MixedHost(), "pfs:\n- pfName: enp59s0f0\n  network: physnet-a\n  numVFs: 2\n- pfName: enp59s0f1\n  network: physnet-b\n  numVFs: 3\n")
 	logs := logsOf(t, e)
-	e.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: e.pub,
+	e.loop = publish.NewLoop(publish.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: e.pub,
 		LoadConfig: func() (*nodeconfig.Config, error) { return e.cfg, nil }, VFCount: e.rec})
 	for range 3 {
 		e.scan()

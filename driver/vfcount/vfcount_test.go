@@ -20,7 +20,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
-	vfslices "github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
@@ -35,7 +35,7 @@ type env struct {
 	cfg    *nodeconfig.Config
 	pub    *publisher
 	events *record.FakeRecorder
-	loop   *vfslices.Loop
+	loop   *publish.Loop
 	rec    *vfcount.Reconciler
 
 	nodeLock  sync.Mutex
@@ -87,7 +87,7 @@ func newEnv(t *testing.T, spec simhost.Spec, config string) *env {
 			return out, err
 		},
 	})
-	e.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: h.Sysfs(), Publisher: e.pub,
+	e.loop = publish.NewLoop(publish.LoopOptions{NodeName: "node-1", Discoverer: h.Sysfs(), Publisher: e.pub,
 		LoadConfig: func() (*nodeconfig.Config, error) { return e.cfg, nil }, VFCount: e.rec, PublishedSlices: e.pub.PublishedSlices})
 	return e
 }
@@ -209,7 +209,7 @@ func (p *publisher) PublishedSlices(context.Context) ([]resourceapi.ResourceSlic
 	}
 	out := slices.Clone(p.extra)
 	if p.shown != nil {
-		out = append(out, vfslices.ResourceSlices(discovery.DriverName, "node-1", *p.shown)...)
+		out = append(out, publish.ResourceSlices(discovery.DriverName, "node-1", *p.shown)...)
 	}
 	return out, nil
 }
@@ -545,7 +545,7 @@ func newEnvOn(t *testing.T, e *env, config string) *env {
 	r.setConfig(config)
 	r.rec = vfcount.New(vfcount.Options{NodeName: "node-1", Sysfs: e.h.Sysfs(), Writer: e.h.Kernel(), Events: r.events,
 		Exclusive: func(ctx context.Context, fn func(map[string]string) error) error { return fn(nil) }})
-	r.loop = vfslices.NewLoop(vfslices.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: r.pub,
+	r.loop = publish.NewLoop(publish.LoopOptions{NodeName: "node-1", Discoverer: e.h.Sysfs(), Publisher: r.pub,
 		LoadConfig: func() (*nodeconfig.Config, error) { return r.cfg, nil }, VFCount: r.rec, PublishedSlices: r.pub.PublishedSlices})
 	return r
 }

@@ -22,7 +22,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/driver/migration/vmiwatch"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
@@ -114,7 +114,7 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	}
 	srcVF := vfRef(ctx, t, env, src.Name, srcSched.Device.Device)
 	checkVF(t, src, srcVF, mac, "vfio-pci")
-	domain := watch.DomainName(vm.VMI.Namespace, vm.VMI.Name)
+	domain := vmiwatch.DomainName(vm.VMI.Namespace, vm.VMI.Name)
 	srcLibvirt := startLauncherLibvirt(t, src, vm.Pod.UID, domain)
 
 	// KubeVirt runs the VM on the source node.
@@ -204,7 +204,7 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 
 	// Nothing reaches the other side's domain, and the live domain holds
 	// exactly the one VF.
-	waitEvent(ctx, t, env, vmi, watch.ReasonAttached, wantVF.BDF)
+	waitEvent(ctx, t, env, vmi, vmiwatch.ReasonAttached, wantVF.BDF)
 	if n := len(quiet.Attaches()); n != 0 {
 		t.Errorf("%s: the other launcher received %d attaches", name, n)
 	}
@@ -423,7 +423,7 @@ func checkNotMigratableWarning(ctx context.Context, t *testing.T, env *flow.Env)
 		TargetNode: "node-b", TargetPod: "virt-launcher-vm-named-claim-y",
 	}
 	vmi = updateVMIStatus(ctx, t, env, vmi)
-	waitEvent(ctx, t, env, vmi, watch.ReasonNotMigratable, "net1")
+	waitEvent(ctx, t, env, vmi, vmiwatch.ReasonNotMigratable, "net1")
 }
 
 // checkMACWarning: a VM whose template-claim interface has no macAddress

@@ -13,11 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
 
-// pool is the newest complete generation of a node's slices.
+// pool is the newest complete generation of a node's publish.
 func pool(ctx context.Context, env *flow.Env, node string) ([]resourceapi.ResourceSlice, bool, error) {
 	all, err := env.Slices(ctx, node)
 	if err != nil {
@@ -47,8 +47,8 @@ func taintsOf(t *testing.T, ss []resourceapi.ResourceSlice) map[string]string {
 		for _, d := range s.Spec.Devices {
 			out[d.Name] = ""
 			for _, taint := range d.Taints {
-				if taint.Key != slices.TaintKey || taint.Effect != resourceapi.DeviceTaintEffectNoSchedule || taint.TimeAdded == nil {
-					t.Fatalf("device %s taint %+v: want %s, NoSchedule, TimeAdded set by the API server", d.Name, taint, slices.TaintKey)
+				if taint.Key != publish.TaintKey || taint.Effect != resourceapi.DeviceTaintEffectNoSchedule || taint.TimeAdded == nil {
+					t.Fatalf("device %s taint %+v: want %s, NoSchedule, TimeAdded set by the API server", d.Name, taint, publish.TaintKey)
 				}
 				out[d.Name] = taint.Value
 			}
@@ -157,7 +157,7 @@ func TestPFUnhealthyTaint(t *testing.T) {
 			Name: "vf", Exactly: &resourceapi.ExactDeviceRequest{
 				DeviceClassName: "vfnet-physnet-a",
 				Tolerations: []resourceapi.DeviceToleration{{
-					Key: slices.TaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule,
+					Key: publish.TaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule,
 				}},
 			},
 		}}}},

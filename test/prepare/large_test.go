@@ -14,7 +14,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
@@ -43,7 +43,7 @@ func TestLargePFsEndToEnd(t *testing.T) {
 	if err != nil || len(res.Devices) != 1024 || len(res.Skipped) != 0 {
 		t.Fatalf("%d devices, err %v, skipped %v", len(res.Devices), err, res.Skipped)
 	}
-	out := slices.ResourceSlices(discovery.DriverName, preparetest.Node, slices.DriverResources(preparetest.Node, res.Devices, nil))
+	out := publish.ResourceSlices(discovery.DriverName, preparetest.Node, publish.DriverResources(preparetest.Node, res.Devices, nil))
 	if len(out) != 8 {
 		t.Fatalf("%d slices, want 8", len(out))
 	}

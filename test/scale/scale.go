@@ -8,7 +8,7 @@
 // is, against both no claims and the claims Kubernetes measures itself.
 //
 // Each simulated node runs what vfnet-driver runs to publish: the rescan
-// loop (driver/slices) discovering a simulated host (test/lib/simhost) with the
+// loop (driver/publish) discovering a simulated host (test/lib/simhost) with the
 // node configuration from manifests/, handing the pool to the real
 // kubeletplugin helper (driver/plugin), whose resourceslice controller
 // writes the slices with the node's own client: a token bound to the node's
@@ -57,7 +57,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/plugin"
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
@@ -605,7 +605,7 @@ func (c *Cluster) Publish(ctx context.Context, r *Result) error {
 			return fmt.Errorf("node %s: %w", n.name, err)
 		}
 		n.plugin, n.last.plugin = p, p
-		loop := slices.NewLoop(slices.LoopOptions{
+		loop := publish.NewLoop(publish.LoopOptions{
 			NodeName: n.name, Discoverer: readHost(c.pfs), Publisher: &n.last,
 			LoadConfig: func() (*nodeconfig.Config, error) { return c.cfg, nil },
 		})
@@ -763,7 +763,7 @@ type readHost []sysfs.PF
 
 func (h readHost) Discover(context.Context) ([]sysfs.PF, error) { return h, nil }
 
-// poolCount is what the API server serves of one driver's slices.
+// poolCount is what the API server serves of one driver's publish.
 type poolCount struct {
 	// Pools is the number of pools, Complete of those with all slices of
 	// their newest generation; Slices and Devices count complete pools'.

@@ -36,7 +36,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/prepare"
-	"github.com/vfnet-io/vfnet/driver/slices"
+	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 )
 
@@ -174,7 +174,7 @@ func Inspect(args []string, stdout, stderr io.Writer, sim Simulator) int {
 			fmt.Fprintf(stderr, "# numVFs: PF %s: the driver also waits for claims allocated to its VFs, which inspect cannot see (no cluster access)\n", p.PF)
 		}
 	}
-	out := slices.ResourceSlices(discovery.DriverName, *node, slices.DriverResourcesWith(*node, res.Devices, slices.PFTaints(pfs, res.Devices), vfcount.Taints(plans)))
+	out := publish.ResourceSlices(discovery.DriverName, *node, publish.DriverResourcesWith(*node, res.Devices, publish.PFTaints(pfs, res.Devices), vfcount.Taints(plans)))
 	for i := range out {
 		b, err := yaml.Marshal(&out[i])
 		if err != nil {

@@ -1,4 +1,4 @@
-// Package slices builds the ResourceSlices vfnet-driver publishes and runs
+// Package publish builds the ResourceSlices vfnet-driver publishes and runs
 // the rescan loop that republishes them when the offered VFs change.
 //
 // Decisions:
@@ -26,7 +26,7 @@
 //   - Nothing to offer (no configuration, nothing selected) publishes one
 //     empty slice, which tells the scheduler the driver runs and has no
 //     devices, and logs one line saying why.
-package slices
+package publish
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package watch_test
+package vmiwatch_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/driver/migration/vmiwatch"
 	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
@@ -78,7 +78,7 @@ func TestPlan(t *testing.T) {
 		vmi.Status.MigrationState = tc.ms
 		var got []string
 		v := view(t, vmi)
-		for _, a := range watch.Plan(v, ifacesOf(t, v), tc.node) {
+		for _, a := range vmiwatch.Plan(v, ifacesOf(t, v), tc.node) {
 			var names []string
 			for _, ci := range a.Interfaces {
 				names = append(names, ci.Interface.Name)
@@ -94,7 +94,7 @@ func TestPlan(t *testing.T) {
 	}
 	other := newVMI("vm2", "uid-2", "node-a", ifaceOpt{name: "net1", binding: "passt"})
 	other.Status.MigrationState = completed(mig)
-	if got := watch.Plan(view(t, other), ifacesOf(t, view(t, other)), "node-b"); len(got) != 0 {
+	if got := vmiwatch.Plan(view(t, other), ifacesOf(t, view(t, other)), "node-b"); len(got) != 0 {
 		t.Errorf("VMI without vfnet interfaces planned %v", got)
 	}
 }
@@ -104,18 +104,18 @@ type env struct {
 	dyn     *dynamicfake.FakeDynamicClient
 	events  *record.FakeRecorder
 	attach  *fakeAttacher
-	watcher *watch.Watcher
+	watcher *vmiwatch.Watcher
 }
 
 func newEnv(t *testing.T, node string, objs ...runtime.Object) *env {
 	t.Helper()
 	e := &env{
 		kube:   fake.NewClientset(objs...),
-		dyn:    dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{watch.VMIResource: "VirtualMachineInstanceList"}),
+		dyn:    dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{vmiwatch.VMIResource: "VirtualMachineInstanceList"}),
 		events: record.NewFakeRecorder(100),
 		attach: newFakeAttacher(),
 	}
-	w, err := watch.New(watch.Config{NodeName: node, Kube: e.kube, Dynamic: e.dyn, Attacher: e.attach, Recorder: e.events})
+	w, err := vmiwatch.New(vmiwatch.Config{NodeName: node, Kube: e.kube, Dynamic: e.dyn, Attacher: e.attach, Recorder: e.events})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestTargetAttachesTargetPodVFOnce(t *testing.T) {
 		t.Fatalf("hostdev %+v", h)
 	}
 	evs := drain(e.events.Events)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Normal "+watch.ReasonAttached) || !strings.Contains(evs[0], "0000:5e:00.4") {
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Normal "+vmiwatch.ReasonAttached) || !strings.Contains(evs[0], "0000:5e:00.4") {
 		t.Fatalf("events %q", evs)
 	}
 	onlyGets(t, e)
@@ -222,7 +222,7 @@ func TestSourceWithoutSourcePodRecordsWarning(t *testing.T) {
 		t.Fatalf("requests %+v without a source pod name", reqs)
 	}
 	evs := drain(e.events.Events)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonAttachFailed) ||
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+vmiwatch.ReasonAttachFailed) ||
 		!strings.Contains(evs[0], "sourcePod is empty") || !strings.Contains(evs[0], "net1") || !strings.Contains(evs[0], "node-a") {
 		t.Fatalf("events %q, want one warning naming the missing sourcePod", evs)
 	}
@@ -271,7 +271,7 @@ func TestAttachGiveUpRecordsWarning(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs := drain(e.events.Events)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonAttachFailed) || !strings.Contains(evs[0], "virtqemud-sock") {
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+vmiwatch.ReasonAttachFailed) || !strings.Contains(evs[0], "virtqemud-sock") {
 		t.Fatalf("events %q", evs)
 	}
 }
@@ -301,7 +301,7 @@ func TestDirectClaimWarnsOncePerMigration(t *testing.T) {
 		}
 	}
 	evs := drain(e.events.Events)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+watch.ReasonNotMigratable) || !strings.Contains(evs[0], "net1") {
+	if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+vmiwatch.ReasonNotMigratable) || !strings.Contains(evs[0], "net1") {
 		t.Fatalf("events %q", evs)
 	}
 	// The target node says nothing: the source node already did.
@@ -322,7 +322,7 @@ func TestRunFollowsVMIUpdates(t *testing.T) {
 	e, vmi := twoNodes(t, "node-b", "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	res := e.dyn.Resource(watch.VMIResource).Namespace(ns)
+	res := e.dyn.Resource(vmiwatch.VMIResource).Namespace(ns)
 	mig := migrating("node-a", "virt-launcher-vm1-aaaaa", "node-b", "virt-launcher-vm1-bbbbb")
 	vmi.Status.MigrationState = mig
 	migratingTo(vmi, "node-b")
@@ -358,8 +358,8 @@ func toUnstructured(t testing.TB, vmi *kubevirtv1.VirtualMachineInstance) *unstr
 // itself (it does not link kubevirt.io/api).
 func TestLabelsMatchKubeVirtAPI(t *testing.T) {
 	t.Parallel()
-	if watch.NodeNameLabel != kubevirtv1.NodeNameLabel || watch.MigrationTargetNodeNameLabel != kubevirtv1.MigrationTargetNodeNameLabel {
-		t.Fatalf("labels %q, %q; kubevirt.io/api has %q, %q", watch.NodeNameLabel, watch.MigrationTargetNodeNameLabel,
+	if vmiwatch.NodeNameLabel != kubevirtv1.NodeNameLabel || vmiwatch.MigrationTargetNodeNameLabel != kubevirtv1.MigrationTargetNodeNameLabel {
+		t.Fatalf("labels %q, %q; kubevirt.io/api has %q, %q", vmiwatch.NodeNameLabel, vmiwatch.MigrationTargetNodeNameLabel,
 			kubevirtv1.NodeNameLabel, kubevirtv1.MigrationTargetNodeNameLabel)
 	}
 }

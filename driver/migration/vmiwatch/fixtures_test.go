@@ -1,4 +1,4 @@
-package watch_test
+package vmiwatch_test
 
 import (
 	"context"

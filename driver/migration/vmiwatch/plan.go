@@ -1,10 +1,10 @@
-// Package watch is the driver's live-migration controller. On every node it
+// Package vmiwatch is the driver's live-migration controller. On every node it
 // watches KubeVirt VirtualMachineInstances that use the vfnet binding and,
 // from status.migrationState, puts VFs back into running domains: the
 // target pod's VF after a completed migration on the target node, the
 // original VF after a failed or aborted one on the source node. It never
 // acts on a VMI without a vfnet binding interface.
-package watch
+package vmiwatch
 
 import (
 	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"

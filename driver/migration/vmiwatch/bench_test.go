@@ -1,4 +1,4 @@
-package watch_test
+package vmiwatch_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
-	"github.com/vfnet-io/vfnet/driver/migration/watch"
+	"github.com/vfnet-io/vfnet/driver/migration/vmiwatch"
 	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
 )
 
@@ -29,7 +29,7 @@ func BenchmarkCompletedToAttached(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	kube := fake.NewClientset()
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{watch.VMIResource: "VirtualMachineInstanceList"})
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{vmiwatch.VMIResource: "VirtualMachineInstanceList"})
 	pods := filepath.Join(b.TempDir(), "pods")
 	const targetUID = "pod-b"
 	rd := attach.RuntimeDir(pods, targetUID)
@@ -41,13 +41,13 @@ func BenchmarkCompletedToAttached(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = srv.Close() }()
-	w, err := watch.New(watch.Config{NodeName: "node-b", Kube: kube, Dynamic: dyn, Recorder: record.NewFakeRecorder(1 << 20),
+	w, err := vmiwatch.New(vmiwatch.Config{NodeName: "node-b", Kube: kube, Dynamic: dyn, Recorder: record.NewFakeRecorder(1 << 20),
 		Attacher: &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: attach.NoMemlock{}, PodsDir: pods}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	go func() { _ = w.Run(ctx) }()
-	res := dyn.Resource(watch.VMIResource).Namespace(ns)
+	res := dyn.Resource(vmiwatch.VMIResource).Namespace(ns)
 	var total time.Duration
 	n := 0
 	for i := 0; b.Loop(); i++ {
@@ -63,7 +63,7 @@ func BenchmarkCompletedToAttached(b *testing.B) {
 		if _, err := kube.ResourceV1().ResourceClaims(ns).Create(ctx, allocatedClaim(claim, "vf-0000-5e-00-4", ""), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
-		if err := srv.DefineRunning("<domain type='kvm'><name>" + watch.DomainName(ns, name) + "</name><memory>1048576</memory><os><type>hvm</type></os></domain>"); err != nil {
+		if err := srv.DefineRunning("<domain type='kvm'><name>" + vmiwatch.DomainName(ns, name) + "</name><memory>1048576</memory><os><type>hvm</type></os></domain>"); err != nil {
 			b.Fatal(err)
 		}
 		vmi.Status.MigrationState = completed(migrating("node-a", "src", "node-b", podName))
