@@ -32,6 +32,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/health"
+	"github.com/vfnet-io/vfnet/driver/kernel/hostevents"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
@@ -57,7 +58,20 @@ type Host struct {
 	Writer  sysfs.Writer
 	Links   vflink.Links
 	DevRoot string
-	Close   func()
+	// Events returns the sources of the host's change notifications
+	// (kobject uevents, link notifications); link events are wanted only
+	// for the netdevs watchLink accepts. nil: the driver only resyncs.
+	Events func(watchLink func(netdev string) bool) []hostevents.Source
+	Close  func()
+}
+
+// HostEvents is Host.Events of the real kernel: kobject uevents and
+// rtnetlink link notifications, from sockets opened in the network
+// namespace of the file netns (the host's, where the PFs are).
+func HostEvents(netns string) func(func(string) bool) []hostevents.Source {
+	return func(watchLink func(string) bool) []hostevents.Source {
+		return []hostevents.Source{hostevents.UeventSource{Netns: netns}, hostevents.LinkSource{Netns: netns, Watch: watchLink}}
+	}
 }
 
 // Config is what a Driver needs: the node, the host it acts on, the API
@@ -71,9 +85,12 @@ type Config struct {
 	// ConfigPath is the node configuration file (NodeConfig), re-read on
 	// every scan; empty: nothing is offered.
 	ConfigPath string
-	// RescanInterval, HealthInterval and VFCountRetryInterval pace the
-	// publish loop, the PF health monitor and a pending VF count change.
-	RescanInterval, HealthInterval, VFCountRetryInterval time.Duration
+	// ResyncInterval and HealthInterval are how often the publish loop and
+	// the PF health monitor reread the host without being told to: the
+	// safety net for a missed event (the host's events and the node
+	// configuration file's changes trigger them at once).
+	// VFCountRetryInterval paces a pending VF count change.
+	ResyncInterval, HealthInterval, VFCountRetryInterval time.Duration
 	// ClaimsListTimeout bounds one list of ResourceClaims for a VF count
 	// change (vfcount.APIAllocated).
 	ClaimsListTimeout time.Duration
@@ -100,8 +117,8 @@ func (c Config) Validate() error {
 	if c.NodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
-	if c.RescanInterval <= 0 || c.HealthInterval <= 0 || c.VFCountRetryInterval <= 0 || c.ClaimsListTimeout <= 0 {
-		return errors.New("--rescan-interval, --health-interval, --vf-count-retry-interval and --claims-list-timeout must be positive")
+	if c.ResyncInterval <= 0 || c.HealthInterval <= 0 || c.VFCountRetryInterval <= 0 || c.ClaimsListTimeout <= 0 {
+		return errors.New("--resync-interval, --health-interval, --vf-count-retry-interval and --claims-list-timeout must be positive")
 	}
 	_, err := LoadNodeConfig(c.ConfigPath)
 	return err
@@ -123,7 +140,10 @@ type Driver struct {
 	plugin *plugin.Plugin
 	// lastScan is when the host was last read successfully (Unix ns).
 	lastScan atomic.Int64
-	started  chan struct{}
+	// pfNetdevs are the PF netdev names the last scan saw, whose link
+	// notifications matter.
+	pfNetdevs atomic.Pointer[map[string]bool]
+	started   chan struct{}
 }
 
 // New checks cfg (Validate). Nothing runs and nothing is read from the
@@ -147,7 +167,7 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 	d.monitor = health.NewMonitor(health.Options{PoolName: cfg.NodeName, Resolve: LinkResolver(cfg.Host.Links),
 		// A PF's link went down or up, or it vanished: republish now with
 		// or without the taint instead of at the next rescan.
-		OnPFChange: d.republish})
+		OnPFChange: d.republishForHealth})
 	d.metrics = metrics.New(metrics.State{
 		Published: d.publishedDevices,
 		Claimed:   d.claimedDevices,
@@ -164,7 +184,7 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 		NodeName: cfg.NodeName, Discoverer: cfg.Host.Sysfs, Publisher: publisher{d}, Owned: d.owned,
 		NoIOMMUMode: cfg.Host.Sysfs.NoIOMMUMode, Holders: d.holders, Resolve: LinkResolver(cfg.Host.Links),
 		LoadConfig: func() (*nodeconfig.Config, error) { return LoadNodeConfig(cfg.ConfigPath) },
-		OnScan:     func(pfs []sysfs.PF, res discovery.Result) { d.monitor.Observe(pfs, res.Devices) },
+		OnScan:     d.scannedHost,
 		OnPublish:  d.metrics.Published,
 		VFCount:    d.counts, PendingInterval: cfg.VFCountRetryInterval,
 		// A count change waits until the API server shows its taints.
@@ -179,7 +199,7 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 		Published: d.publishedDevices,
 		Observer:  d.metrics,
 		// A VF count change may have waited for this claim.
-		AfterUnprepare: d.republish,
+		AfterUnprepare: d.republishAfterUnprepare,
 	})
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
@@ -227,10 +247,11 @@ func (d *Driver) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel(nil)
-	wg.Go(func() { d.loop.Run(ctx, cfg.RescanInterval) })
+	wg.Go(func() { d.loop.Run(ctx, cfg.ResyncInterval) })
+	wg.Go(func() { d.runEvents(ctx) })
 	wg.Go(func() { d.monitor.Run(ctx, cfg.HealthInterval, d.probePFs, d.loop.Published) })
 	wg.Go(func() { d.runMigration(ctx, events) })
-	logger.Info("vfnet-driver running", "node", cfg.NodeName, "config", cfg.ConfigPath, "rescanInterval", cfg.RescanInterval, "simulated", cfg.Simulated)
+	logger.Info("vfnet-driver running", "node", cfg.NodeName, "config", cfg.ConfigPath, "resyncInterval", cfg.ResyncInterval, "simulated", cfg.Simulated)
 	close(d.started)
 	<-ctx.Done()
 	return shutdownCause(ctx)
@@ -263,6 +284,61 @@ func (d *Driver) probePFs(ctx context.Context) ([]sysfs.PF, error) {
 	return pfs, err
 }
 
+// Event coalescing: a burst (one sriov_numvfs write brings hundreds of
+// uevents over a second or more) makes one rescan once it has been quiet
+// for eventQuiet, or eventMaxDelay after its first event at the latest, so
+// the published slices follow a change well within a second. A source that
+// fails is restarted after sourceRetry; the resync covers the gap.
+const (
+	eventQuiet    = 100 * time.Millisecond
+	eventMaxDelay = 500 * time.Millisecond
+	sourceRetry   = 30 * time.Second
+)
+
+// runEvents runs the host's event sources and the node configuration file's
+// watch, and turns each burst of events into one rescan.
+func (d *Driver) runEvents(ctx context.Context) {
+	var sources []hostevents.Source
+	if d.cfg.Host.Events != nil {
+		sources = d.cfg.Host.Events(d.watchLink)
+	}
+	if d.cfg.ConfigPath != "" {
+		sources = append(sources, hostevents.FileSource{Path: d.cfg.ConfigPath})
+	}
+	logger := klog.FromContext(ctx)
+	if len(sources) == 0 {
+		logger.Info("No host event sources: the host is reread only every resync interval", "resyncInterval", d.cfg.ResyncInterval)
+		return
+	}
+	events := make(chan hostevents.Event, 256)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, src := range sources {
+		wg.Go(func() { runSource(ctx, src, events, d.cfg.ResyncInterval) })
+	}
+	hostevents.Coalesce(ctx, events, eventQuiet, eventMaxDelay, func(batch []hostevents.Event) {
+		d.loop.TriggerFor("host events: " + hostevents.Summary(batch))
+	})
+}
+
+// runSource runs src until ctx ends, restarting it after a failure.
+func runSource(ctx context.Context, src hostevents.Source, out chan<- hostevents.Event, resync time.Duration) {
+	logger := klog.FromContext(ctx).WithValues("source", src.Name())
+	logger.V(2).Info("Listening for host events")
+	for {
+		err := src.Run(ctx, out)
+		if ctx.Err() != nil {
+			return
+		}
+		logger.Error(err, "Host event source failed; changes it would report are seen at the next resync until it is back", "retryIn", sourceRetry, "resyncInterval", resync)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sourceRetry):
+		}
+	}
+}
+
 // runMigration runs the live-migration re-attach while this instance holds
 // the node's lead lock: during a rolling update two instances run, and two
 // watchers would attach every migrated VF twice; the other waits and takes
@@ -281,9 +357,34 @@ func (d *Driver) runMigration(ctx context.Context, events record.EventRecorder) 
 	}
 }
 
-// republish asks the publish loop for a scan now: a PF changed, or an
-// unprepare freed a VF that a VF count change waited for.
-func (d *Driver) republish() { d.loop.Trigger() }
+// republishForHealth asks the publish loop for a scan now: a PF's link went
+// down or up, or the PF vanished, so its VFs' taint changes.
+func (d *Driver) republishForHealth() { d.loop.TriggerFor("PF health changed") }
+
+// republishAfterUnprepare asks for a scan now: a VF count change may have
+// waited for the claim just unprepared.
+func (d *Driver) republishAfterUnprepare() { d.loop.TriggerFor("claim unprepared") }
+
+// scannedHost sees every successful scan of the publish loop.
+func (d *Driver) scannedHost(pfs []sysfs.PF, res discovery.Result) {
+	names := make(map[string]bool, len(pfs))
+	for _, pf := range pfs {
+		if pf.NetDev != "" {
+			names[pf.NetDev] = true
+		}
+	}
+	d.pfNetdevs.Store(&names)
+	d.monitor.Observe(pfs, res.Devices)
+}
+
+// watchLink says whether a netdev's link notifications matter: it is a PF
+// the last scan saw.
+func (d *Driver) watchLink(netdev string) bool {
+	if m := d.pfNetdevs.Load(); m != nil {
+		return (*m)[netdev]
+	}
+	return false
+}
 
 // publishedDevices is what the last publish offered (nil before it): the
 // attributes prepare writes into the device metadata, and metrics.

@@ -15,7 +15,7 @@ import (
 )
 
 func validConfig() driver.Config {
-	return driver.Config{NodeName: "n", RescanInterval: time.Second, HealthInterval: time.Second,
+	return driver.Config{NodeName: "n", ResyncInterval: time.Second, HealthInterval: time.Second,
 		VFCountRetryInterval: time.Second, ClaimsListTimeout: time.Second}
 }
 
@@ -39,7 +39,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		want string
 	}{
 		{"no node", func(c *driver.Config) { c.NodeName = "" }, "--node-name"},
-		{"zero rescan", func(c *driver.Config) { c.RescanInterval = 0 }, "--rescan-interval"},
+		{"zero rescan", func(c *driver.Config) { c.ResyncInterval = 0 }, "--resync-interval"},
 		{"negative list timeout", func(c *driver.Config) { c.ClaimsListTimeout = -time.Second }, "--claims-list-timeout"},
 		{"missing config file", func(c *driver.Config) { c.ConfigPath = filepath.Join(t.TempDir(), "none.yaml") }, "none.yaml"},
 		{"broken config file", func(c *driver.Config) { c.ConfigPath = broken }, "pfs[0]"},

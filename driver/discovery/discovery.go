@@ -32,6 +32,9 @@
 //   - VFs of a PF whose e-switch is in switchdev mode, unless its selector
 //     sets allowSwitchdev: VF traffic then follows the representors' flows
 //     and the legacy per-VF settings vfnet applies do not hold.
+//   - VFs of PFs in a PCI domain beyond ffff (behind Intel VMD): QEMU's
+//     vfio-pci cannot open them (pkg/contract/pciaddr has the rule and
+//     its sources).
 //   - VFs of InfiniBand PFs: an IB VF needs node and port GUIDs, which
 //     VFConfig cannot set, so it could not be prepared correctly.
 package discovery
@@ -41,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -257,7 +259,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 		return res, nil
 	}
 	// Sorting PFs first keeps the comparisons that parse addresses few.
-	slices.SortStableFunc(selected, func(a, b nodeconfig.Selected) int { return CompareBDF(a.PF.Address, b.PF.Address) })
+	slices.SortStableFunc(selected, func(a, b nodeconfig.Selected) int { return pciaddr.Compare(a.PF.Address, b.PF.Address) })
 	pol := Policy{AllowUnsafeNoIOMMU: cfg.AllowUnsafeNoIOMMU}
 	foreign := foreignVFIO(selected, opts.Owned)
 	holders, holdErr := vfioHolders(foreign, opts.Holders)
@@ -266,7 +268,11 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 		pf := sel.PF
 		start := len(res.Devices)
 		uplink := pf.Uplink()
+		_, derr := pciaddr.Parse(pf.Address) // its VFs share its domain
 		switch {
+		case derr != nil:
+			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF %s: %v; none of its %d VFs is offered: move the NIC out of the VMD domain (disable VMD on its root port in the firmware setup) or leave the PF out of the node configuration", uplink, derr, len(pf.VFs))})
+			continue
 		case uplink == "":
 			res.Skipped = append(res.Skipped, Skipped{pf.Address, fmt.Sprintf("PF has no netdev (driver %q): VF settings are applied through the PF netdev", pf.Driver)})
 			continue
@@ -309,7 +315,7 @@ func Build(pfs []sysfs.PF, cfg *nodeconfig.Config, opts Options) (Result, error)
 				}
 				res.Notes = append(res.Notes, Skipped{vf.Address, fmt.Sprintf("already bound to vfio-pci and /dev/vfio/%s is not held open by any process: offered; prepare keeps vfio-pci as its driver to restore", node)})
 			}
-			name, err := DeviceName(vf.Address)
+			name, err := pciaddr.DeviceName(vf.Address)
 			if err != nil {
 				res.Skipped = append(res.Skipped, Skipped{vf.Address, err.Error()})
 				continue
@@ -463,27 +469,6 @@ func (d Device) ResourceDevice() resourceapi.Device {
 	return resourceapi.Device{Name: d.Name, Attributes: d.Attributes()}
 }
 
-// DeviceName returns the DRA device name of the VF at bdf: "0000:3b:02.1"
-// becomes "vf-0000-3b-02-1", a DNS label that maps back one to one.
-func DeviceName(bdf string) (string, error) {
-	if !pciaddr.Valid(bdf) {
-		return "", fmt.Errorf("PCI address %q is not a lower-case domain:bus:slot.function", bdf)
-	}
-	n := len(bdf)
-	return "vf-" + bdf[:n-8] + "-" + bdf[n-7:n-5] + "-" + bdf[n-4:n-2] + "-" + bdf[n-1:], nil
-}
-
-// ParseDeviceName returns the VF BDF a device name stands for.
-func ParseDeviceName(name string) (string, error) {
-	s, ok := strings.CutPrefix(name, "vf-")
-	if n := len(s); ok && n >= 12 && s[n-8] == '-' && s[n-5] == '-' && s[n-2] == '-' {
-		if bdf := s[:n-8] + ":" + s[n-7:n-5] + ":" + s[n-4:n-2] + "." + s[n-1:]; pciaddr.Valid(bdf) {
-			return bdf, nil
-		}
-	}
-	return "", fmt.Errorf("device name %q is not a vfnet VF name (vf-<domain>-<bus>-<slot>-<function>)", name)
-}
-
 // VFRef locates a VF on the host.
 type VFRef struct {
 	Address   string
@@ -499,10 +484,11 @@ type VFRef struct {
 // independently of the node configuration (prepare and migration need the PF
 // and index of an allocated device even if the configuration changed since).
 func Find(pfs []sysfs.PF, name string) (VFRef, error) {
-	bdf, err := ParseDeviceName(name)
+	a, err := pciaddr.ParseDeviceName(name)
 	if err != nil {
 		return VFRef{}, err
 	}
+	bdf := a.String()
 	for _, pf := range pfs {
 		for _, vf := range pf.VFs {
 			if vf.Address == bdf {
@@ -511,38 +497,4 @@ func Find(pfs []sysfs.PF, name string) (VFRef, error) {
 		}
 	}
 	return VFRef{}, fmt.Errorf("device %s: no VF at %s on this node (PF removed or sriov_numvfs lowered?)", name, bdf)
-}
-
-// CompareBDF orders PCI addresses numerically by domain, bus, slot, function.
-// Malformed addresses sort after well-formed ones, by text.
-func CompareBDF(a, b string) int {
-	pa, oka := parseBDF(a)
-	pb, okb := parseBDF(b)
-	switch {
-	case oka && okb:
-		for i := range pa {
-			if c := cmp.Compare(pa[i], pb[i]); c != 0 {
-				return c
-			}
-		}
-		return 0
-	case oka:
-		return -1
-	case okb:
-		return 1
-	}
-	return strings.Compare(a, b)
-}
-
-func parseBDF(s string) ([4]uint64, bool) {
-	var out [4]uint64
-	if !pciaddr.Valid(s) {
-		return out, false
-	}
-	n := len(s)
-	for i, f := range []string{s[:n-8], s[n-7 : n-5], s[n-4 : n-2], s[n-1:]} {
-		// Valid guarantees at most 8 hex digits.
-		out[i], _ = strconv.ParseUint(f, 16, 32)
-	}
-	return out, true
 }

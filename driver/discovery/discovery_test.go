@@ -14,6 +14,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/vfioholders"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
@@ -85,7 +86,7 @@ func TestBuildMixedHost(t *testing.T) {
 	var want []string
 	for _, pf := range pfs {
 		for _, vf := range pf.VFs {
-			n, _ := DeviceName(vf.Address)
+			n, _ := pciaddr.DeviceName(vf.Address)
 			switch {
 			case pf.Address == "0000:01:00.0" && vf.Index == 1,
 				pf.Address == "0000:3b:00.0" && vf.Index != 2,
@@ -107,9 +108,9 @@ func TestBuildMixedHost(t *testing.T) {
 	byPF := map[string]Device{}
 	for _, d := range res.Devices {
 		byPF[d.PFAddress] = d
-		bdf, err := ParseDeviceName(d.Name)
-		if err != nil || bdf != d.Address {
-			t.Errorf("ParseDeviceName(%s) = %s, %v; want %s", d.Name, bdf, err, d.Address)
+		a, err := pciaddr.ParseDeviceName(d.Name)
+		if err != nil || a.String() != d.Address {
+			t.Errorf("ParseDeviceName(%s) = %v, %v; want %s", d.Name, a, err, d.Address)
 		}
 	}
 	igb := byPF["0000:01:00.0"]
@@ -237,60 +238,17 @@ func TestPCIBusIDMatchesUpstreamHelper(t *testing.T) {
 	}
 }
 
-func TestDeviceNames(t *testing.T) {
-	t.Parallel()
-	for bdf, want := range map[string]string{"0000:3b:02.1": "vf-0000-3b-02-1", "10000:e1:1f.7": "vf-10000-e1-1f-7"} {
-		got, err := DeviceName(bdf)
-		if err != nil || got != want {
-			t.Errorf("DeviceName(%s) = %s, %v", bdf, got, err)
-		}
-		back, err := ParseDeviceName(got)
-		if err != nil || back != bdf {
-			t.Errorf("ParseDeviceName(%s) = %s, %v", got, back, err)
-		}
-	}
-	for _, bad := range []string{"0000:3B:02.1", "3b:02.1", "0000:3b:20.1", "0000:3b:02.8", ""} {
-		if _, err := DeviceName(bad); err == nil {
-			t.Errorf("DeviceName(%q) accepted", bad)
-		}
-	}
-	for _, bad := range []string{"vf-0000-3b-02", "gpu-0000-3b-02-1", "vf-0000-3B-02-1", "vf-0000-3b-02-1-x"} {
-		if _, err := ParseDeviceName(bad); err == nil {
-			t.Errorf("ParseDeviceName(%q) accepted", bad)
-		}
-	}
-}
-
 func TestFind(t *testing.T) {
 	t.Parallel()
 	pfs := mixedPFs(t)
 	vf := pfAt(t, pfs, "0000:3b:00.0").VFs[3]
-	name, _ := DeviceName(vf.Address)
+	name, _ := pciaddr.DeviceName(vf.Address)
 	ref, err := Find(pfs, name)
 	if err != nil || ref.PFAddress != "0000:3b:00.0" || ref.PFName != "enp59s0f0" || ref.VFIndex != 3 || ref.Address != vf.Address {
 		t.Fatalf("Find = %+v, %v", ref, err)
 	}
 	if _, err := Find(pfs, "vf-0000-ff-00-0"); err == nil || !strings.Contains(err.Error(), "no VF at 0000:ff:00.0") {
 		t.Fatalf("Find of a missing VF: %v", err)
-	}
-}
-
-func TestCompareBDF(t *testing.T) {
-	t.Parallel()
-	ordered := []string{"0000:01:00.0", "0000:3b:00.0", "0000:3b:00.1", "0000:3b:1f.0", "0000:d8:00.0", "0001:00:00.0", "10000:00:00.0", "junk"}
-	for i := range ordered {
-		for j := range ordered {
-			got := CompareBDF(ordered[i], ordered[j])
-			want := 0
-			if i < j {
-				want = -1
-			} else if i > j {
-				want = 1
-			}
-			if got != want {
-				t.Errorf("CompareBDF(%s, %s) = %d, want %d", ordered[i], ordered[j], got, want)
-			}
-		}
 	}
 }
 
@@ -623,5 +581,53 @@ func TestPFSupportAttributes(t *testing.T) {
 		if strings.Join(got, " ") != wantPFs {
 			t.Errorf("%s selects PFs %v, want %s", expr, got, wantPFs)
 		}
+	}
+}
+
+// A PF in a PCI domain beyond ffff (behind Intel VMD) is modelled by sysfs
+// as the kernel names it, selected like any PF, and refused here with the
+// reason and the fix: QEMU's vfio-pci cannot open its VFs (pciaddr's one
+// domain rule). The PF in domain 0000 next to it is offered as usual.
+func TestBuildRefusesVMDDomainPF(t *testing.T) {
+	t.Parallel()
+	_, pfs := hostPFs(t, simhost.VMDHost())
+	vmd := pfAt(t, pfs, simhost.VMDPFAddress)
+	if len(vmd.VFs) != 4 || vmd.VFs[0].Address != "10000:e1:02.0" {
+		t.Fatalf("sysfs model of the VMD PF: %d VFs, first %+v; want 4 from 10000:e1:02.0", len(vmd.VFs), vmd.VFs)
+	}
+	for _, sel := range []string{"vendorID: \"8086\"\n  deviceID: \"1593\"", "pfName: ens10f0", `pciAddress: "10000:E1:00.0"`} {
+		cfg := config(t, "pfs:\n- "+sel+"\n  network: physnet-a\n")
+		res, err := Build(pfs, cfg, Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", sel, err)
+		}
+		var skipped *Skipped
+		for i, s := range res.Skipped {
+			if s.Address == simhost.VMDPFAddress {
+				skipped = &res.Skipped[i]
+			}
+		}
+		if skipped == nil {
+			t.Fatalf("%s: Skipped = %+v, want the VMD PF", sel, res.Skipped)
+		}
+		for _, want := range []string{"ens10f0", "domain 10000", "QEMU's vfio-pci", "none of its 4 VFs", "disable VMD"} {
+			if !strings.Contains(skipped.Reason, want) {
+				t.Errorf("%s: reason %q does not say %q", sel, skipped.Reason, want)
+			}
+		}
+		for _, d := range res.Devices {
+			if d.PFAddress == simhost.VMDPFAddress || strings.HasPrefix(d.Address, "10000:") {
+				t.Errorf("%s: offered %s (%s) beyond domain ffff", sel, d.Name, d.Address)
+			}
+			if _, err := pciaddr.Parse(d.Address); err != nil {
+				t.Errorf("%s: offered %s: %v", sel, d.Address, err)
+			}
+		}
+		if strings.HasPrefix(sel, "vendorID") && names(res.Devices) != "vf-0000-3b-02-0 vf-0000-3b-02-1 vf-0000-3b-02-2 vf-0000-3b-02-3" {
+			t.Errorf("devices = %s, want the domain-0000 PF's four VFs", names(res.Devices))
+		}
+	}
+	if _, err := Find(pfs, "vf-10000-e1-02-0"); err == nil {
+		t.Error("Find resolved a device name beyond domain ffff")
 	}
 }

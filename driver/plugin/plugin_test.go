@@ -31,6 +31,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
@@ -261,7 +262,7 @@ func TestPublishLargeHost(t *testing.T) {
 			pf := *d.Attributes[discovery.AttrPFPCIAddress].StringValue
 			if prev != nil {
 				pidx, idx := *prev.Attributes[discovery.AttrVFIndex].IntValue, *d.Attributes[discovery.AttrVFIndex].IntValue
-				if discovery.CompareBDF(prevPF, pf) > 0 || (prevPF == pf && pidx >= idx) {
+				if pciaddr.Compare(prevPF, pf) > 0 || (prevPF == pf && pidx >= idx) {
 					t.Fatalf("order broken at slice %d device %d: %s/%d after %s/%d", i, j, pf, idx, prevPF, pidx)
 				}
 			}

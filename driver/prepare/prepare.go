@@ -48,6 +48,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/maclookup"
 	"github.com/vfnet-io/vfnet/driver/nodelock"
 	"github.com/vfnet-io/vfnet/pkg/api/v1alpha1"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // MACFinder finds the VMI interface a claim's request backs and the MAC it
@@ -616,10 +617,11 @@ func (s *State) pfNetDev(ctx context.Context, d checkpoint.Device) string {
 // locate finds the VF a device name stands for by reading just that VF and
 // its PF (a full discovery pass costs ~100ms on a host with 1024 VFs).
 func (s *State) locate(device string) (vfRef, error) {
-	bdf, err := discovery.ParseDeviceName(device)
+	a, err := pciaddr.ParseDeviceName(device)
 	if err != nil {
 		return vfRef{}, err
 	}
+	bdf := a.String()
 	gone := func(err error) error {
 		return fmt.Errorf("device %s: no VF at %s on this node (PF removed or sriov_numvfs lowered?): %w", device, bdf, err)
 	}

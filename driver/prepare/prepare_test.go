@@ -16,6 +16,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
@@ -372,7 +373,7 @@ func TestLocateAcrossNICs(t *testing.T) {
 			if vf.Driver == "vfio-pci" {
 				continue // pre-bound by the admin; covered elsewhere
 			}
-			name, err := discovery.DeviceName(vf.Address)
+			name, err := pciaddr.DeviceName(vf.Address)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // Discoverer reads the host's SR-IOV model (sysfs.New(root) in production).
@@ -102,6 +103,9 @@ type Loop struct {
 	changing  Taints // VF count change taints of published, guarded by pubMu
 	didPub    bool
 	kick      chan struct{}
+	// causes of the rescan Run owes (TriggerFor), guarded by causeMu.
+	causeMu   sync.Mutex
+	causes    []string
 	lastWhy   string
 	lastSkip  []discovery.Skipped
 	lastCfgEr string
@@ -115,13 +119,30 @@ func NewLoop(opts LoopOptions) *Loop {
 	return &Loop{opts: opts, kick: make(chan struct{}, 1), awaitSaid: map[string]string{}}
 }
 
-// Trigger asks Run for a rescan now (the health probe saw a PF change);
-// it never blocks.
-func (l *Loop) Trigger() {
+// TriggerFor asks Run for a rescan now, for cause (a host event, a PF's
+// health changed, an unprepare freed a VF); it never blocks. Triggers that
+// arrive before Run gets to them make one rescan, logged with every cause.
+func (l *Loop) TriggerFor(cause string) {
+	l.causeMu.Lock()
+	if len(l.causes) < maxCauses {
+		l.causes = append(l.causes, cause)
+	}
+	l.causeMu.Unlock()
 	select {
 	case l.kick <- struct{}{}:
 	default:
 	}
+}
+
+// maxCauses bounds the causes one rescan logs.
+const maxCauses = 8
+
+func (l *Loop) takeCauses() []string {
+	l.causeMu.Lock()
+	defer l.causeMu.Unlock()
+	c := l.causes
+	l.causes = nil
+	return c
 }
 
 // Scan runs one discovery pass and publishes if anything changed. It
@@ -232,14 +253,16 @@ func (l *Loop) scan(ctx context.Context) (bool, []vfcount.Plan, error) {
 	return true, plans, nil
 }
 
-// Run rescans every interval until ctx ends. Errors are logged, never fatal:
-// a transient sysfs or API problem must not take offered VFs away.
-func (l *Loop) Run(ctx context.Context, interval time.Duration) {
+// Run rescans when TriggerFor asks, and every resync interval as the safety
+// net for a missed event, until ctx ends. Every rescan logs its cause.
+// Errors are logged, never fatal: a transient sysfs or API problem must not
+// take offered VFs away.
+func (l *Loop) Run(ctx context.Context, resync time.Duration) {
 	logger := klog.FromContext(ctx)
 	for {
-		wait := interval
+		wait, why := resync, "resync"
 		if p := l.opts.PendingInterval; l.opts.VFCount != nil && p > 0 && p < wait && l.opts.VFCount.Waiting() {
-			wait = p
+			wait, why = p, "VF count change pending"
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -249,9 +272,14 @@ func (l *Loop) Run(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		case <-l.kick:
 			t.Stop()
+			if c := l.takeCauses(); len(c) > 0 {
+				why = strings.Join(c, "; ")
+			}
 		}
-		if _, err := l.Scan(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			logger.Error(err, "Rescan failed, will retry", "interval", interval)
+		slog := logger.WithValues("cause", why)
+		slog.V(2).Info("Rescan")
+		if _, err := l.Scan(klog.NewContext(ctx, slog)); err != nil && !errors.Is(err, context.Canceled) {
+			slog.Error(err, "Rescan failed, will retry", "resync", resync)
 		}
 	}
 }
@@ -415,7 +443,7 @@ func (l *Loop) withUnhealthyPFs(pfs []sysfs.PF, found []discovery.Device) ([]dis
 	}
 	devices := append(slices.Clone(found), gone...)
 	slices.SortStableFunc(devices, func(a, b discovery.Device) int {
-		return cmp.Or(discovery.CompareBDF(a.PFAddress, b.PFAddress), cmp.Compare(a.VFIndex, b.VFIndex))
+		return cmp.Or(pciaddr.Compare(a.PFAddress, b.PFAddress), cmp.Compare(a.VFIndex, b.VFIndex))
 	})
 	return devices, taints
 }

@@ -17,13 +17,14 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 func devices(n int) []discovery.Device {
 	out := make([]discovery.Device, n)
 	for i := range out {
 		addr := fmt.Sprintf("0000:3b:%02x.%d", 1+i/8, i%8)
-		name, _ := discovery.DeviceName(addr)
+		name, _ := pciaddr.DeviceName(addr)
 		out[i] = discovery.Device{Name: name, Address: addr, VFIndex: i, PFAddress: "0000:3b:00.0", PFName: "p", Network: "n", NUMANode: -1}
 	}
 	return out
@@ -201,7 +202,7 @@ func TestPoolTaintedSlicesHoldAtMost64(t *testing.T) {
 	devs := make([]discovery.Device, 300)
 	for i := range devs {
 		addr := fmt.Sprintf("0000:%02x:%02x.%d", 0x3b+i/256, (i/8)%32, i%8)
-		name, err := discovery.DeviceName(addr)
+		name, err := pciaddr.DeviceName(addr)
 		if err != nil {
 			t.Fatal(err)
 		}

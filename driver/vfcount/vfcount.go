@@ -39,6 +39,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // TaintKey marks the VFs a pending VF count change will destroy; the value
@@ -245,7 +246,7 @@ func blockers(pf *sysfs.PF, use Usage) []Blocker {
 			out = append(out, Blocker{VF: vf.Address, Index: vf.Index, Claim: c, How: "prepared"})
 			continue
 		}
-		name, err := discovery.DeviceName(vf.Address)
+		name, err := pciaddr.DeviceName(vf.Address)
 		if err != nil {
 			continue
 		}
@@ -301,7 +302,7 @@ func notSRIOV(host *sysfs.Host, sel nodeconfig.Selector, want int, field string)
 		}
 		bdf = filepath.Base(t)
 	}
-	if bdf == "" || !sysfs.ValidBDF(bdf) {
+	if _, err := pciaddr.ParseKernelName(bdf); err != nil {
 		return Plan{}, false
 	}
 	dir := host.Path(sysfs.PCIDevicesDir + "/" + bdf)
@@ -333,7 +334,7 @@ func Taints(plans []Plan) map[string]string {
 			continue
 		}
 		for idx, addr := range p.VFs {
-			name, err := discovery.DeviceName(addr)
+			name, err := pciaddr.DeviceName(addr)
 			if err != nil {
 				continue
 			}

@@ -23,6 +23,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/publish"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
@@ -258,7 +259,7 @@ func countTaint(d resourceapi.Device) string {
 
 func devName(t *testing.T, addr string) string {
 	t.Helper()
-	n, err := discovery.DeviceName(addr)
+	n, err := pciaddr.DeviceName(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -255,7 +255,7 @@ func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader Metadata
 		}
 	}
 	if iface.PciAddress != "" {
-		guest, err := pciaddr.Parse(iface.PciAddress)
+		guest, err := pciaddr.ParseLoose(iface.PciAddress)
 		if err != nil {
 			return hostdev{}, fmt.Errorf("%s: pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", describe(ci), iface.PciAddress, err)
 		}

@@ -2,13 +2,13 @@ package domain_test
 
 import (
 	"bytes"
-	"fmt"
 	"testing"
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
 	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
 )
@@ -39,7 +39,7 @@ func pciString(a *libvirtxml.DomainAddressPCI) string {
 	if a == nil || a.Domain == nil || a.Bus == nil || a.Slot == nil || a.Function == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", *a.Domain, *a.Bus, *a.Slot, *a.Function)
+	return pciaddr.Address{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}.String()
 }
 
 func checkHostdev(t testing.TB, h libvirtxml.DomainHostdev, source, guest string, boot uint) {

@@ -92,7 +92,14 @@ func TestErrors(t *testing.T) {
 		setup: func(t *testing.T, root string) string {
 			return write(t, root, metadatatest.Stream(claim, metadatatest.Device{Name: "vf-x", PCIBusID: "0000:3b:22.9"}))
 		},
-		want: []string{`interface "dra-net"`, `claim "net"`, `request "vf"`, "pciBusID", "not a lower-case PCI address"},
+		want: []string{`interface "dra-net"`, `claim "net"`, `request "vf"`, "pciBusID", "PCI slot 22 is beyond 1f", "damaged"},
+	}, {
+		// pciaddr's domain rule: QEMU's vfio-pci would refuse the hostdev.
+		name: "pciBusID beyond domain ffff",
+		setup: func(t *testing.T, root string) string {
+			return write(t, root, metadatatest.Stream(claim, metadatatest.Device{Name: "vf-x", PCIBusID: "10000:3b:02.1"}))
+		},
+		want: []string{`interface "dra-net"`, `claim "net"`, `request "vf"`, `pciBusID "10000:3b:02.1"`, "PCI domain 10000 is beyond ffff", "QEMU's vfio-pci"},
 	}, {
 		name: "garbage file",
 		setup: func(t *testing.T, root string) string {

@@ -20,10 +20,10 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/driver/migration/vmiwatch"
 	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
 	"github.com/vfnet-io/vfnet/test/lib/scrape"
@@ -256,8 +256,8 @@ func vfRef(ctx context.Context, t *testing.T, env *flow.Env, node, device string
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bdf, err := discovery.ParseDeviceName(device); err != nil || bdf != ref.BDF {
-		t.Fatalf("device %s: BDF %q from its name, %q published (%v)", device, bdf, ref.BDF, err)
+	if a, err := pciaddr.ParseDeviceName(device); err != nil || a.String() != ref.BDF {
+		t.Fatalf("device %s: BDF %v from its name, %q published (%v)", device, a, ref.BDF, err)
 	}
 	return ref
 }
@@ -304,7 +304,7 @@ func checkAttach(t *testing.T, srv *libvirtfake.Server, domain string, got libvi
 		t.Fatalf("attach %+v", got)
 	}
 	a := hd.SubsysPCI.Source.Address
-	if src := fmt.Sprintf("%04x:%02x:%02x.%x", *a.Domain, *a.Bus, *a.Slot, *a.Function); src != vf.BDF {
+	if src := (pciaddr.Address{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}).String(); src != vf.BDF {
 		t.Fatalf("attached VF %s, want %s", src, vf.BDF)
 	}
 	live, err := srv.DomainXML(domain)

@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
@@ -313,7 +313,7 @@ func TestNumVFsWritesAfterAPIServerShowsTaint(t *testing.T) {
 	const pf = "0000:3b:00.0" // enp59s0f0, VFs 0000:3b:02.0 and .1
 	want := map[string]string{}
 	for addr, v := range map[string]string{"0000:3b:02.0": vfcount.TaintRecreating, "0000:3b:02.1": vfcount.TaintRemoving} {
-		name, err := discovery.DeviceName(addr)
+		name, err := pciaddr.DeviceName(addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -51,6 +51,9 @@ const (
 	// envIdle is TestDriverOnAPIServer's: how long both idle after the
 	// last publish before their RSS is read (default 10s).
 	envIdle = "VFNET_IDLE_WAIT"
+	// envVfnetGOGC, if set, is vfnet-driver's GOGC (default: unset, so
+	// the driver picks its own), to compare GC settings.
+	envVfnetGOGC = "VFNET_PEERS_VFNET_GOGC"
 
 	peerDriver = "gpu.example.com"
 	// peerMaxDevices is the most the peer can publish: its pool is one
@@ -221,8 +224,8 @@ func (p *proc) published(ctx context.Context, c kubernetes.Interface) (int, int,
 func mib(kb int) float64 { return float64(kb) / 1024 }
 
 // vfnetCmd runs vfnet-driver as TestDriverOnAPIServer starts it
-// (simhost.LargeHost, 2 s rescans; unlike that test, no configuration edit
-// and republish follows), with cfg as its node configuration and its
+// (simhost.LargeHost; unlike that test, no configuration edit and
+// republish follows), with its default intervals (events, a 5 min resync), with cfg as its node configuration and its
 // directories under dir. bin is the shipped build: it reads the tree as a
 // plain sysfs and finds the PF netdevs in a namespace of their own
 // (test/lib/pfnetns).
@@ -250,8 +253,12 @@ func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string) {
 	p.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", health)
 	// GOGC unset: vfnet-driver picks its own (cmd/vfnet-driver/app).
 	p.env = envWithout("GOGC", "GOMEMLIMIT")
+	if g := os.Getenv(envVfnetGOGC); g != "" {
+		p.env = append(p.env, "GOGC="+g)
+		p.config += ", GOGC=" + g
+	}
 	p.cmd = exec.Command(bin, append(hostArgs, "--kubeconfig", kubeconfig, "--node-name", p.node,
-		"--sysfs-root", sysfs, "--config", cfgFile, "--rescan-interval", "2s",
+		"--sysfs-root", sysfs, "--config", cfgFile,
 		"--registrar-dir", filepath.Join(dir, "reg"), "--plugin-dir", filepath.Join(dir, "plg"), "--cdi-root", filepath.Join(dir, "cdi"),
 		"--kubelet-pods-dir", filepath.Join(dir, "pods"), "--health-addr", fmt.Sprintf("127.0.0.1:%d", health))...)
 }
@@ -457,10 +464,11 @@ func TestIdleMemoryVsExampleDriver(t *testing.T) {
 		t.Logf("RESULT %s (%s) built and run with %s", p.name, p.node, p.config)
 	}
 	row := func(label string, p *proc) string {
-		return fmt.Sprintf("%s %d devices %.1f (%.1f + %.1f) [%.1f]", label, p.devices,
-			mib(st[p]["VmRSS"]), mib(st[p]["RssAnon"]), mib(st[p]["RssFile"]), mib(st[p]["VmHWM"]))
+		return fmt.Sprintf("%s %d devices %.1f (%.1f + %.1f) [%.1f] %.2f%%", label, p.devices,
+			mib(st[p]["VmRSS"]), mib(st[p]["RssAnon"]), mib(st[p]["RssFile"]), mib(st[p]["VmHWM"]),
+			100*(cpu[p]-cpu0[p]).Seconds()/idle.Seconds())
 	}
-	t.Logf("RESULT VmRSS (RssAnon + RssFile) [VmHWM] MiB: %s, %s, %s, %s",
+	t.Logf("RESULT VmRSS (RssAnon + RssFile) [VmHWM] MiB, CPU over %s idle in %% of a core: %s, %s, %s, %s", idle,
 		row("vfnet", vfnet), row("vfnet", vfnetSmall), row("dra-example at Go's defaults", peer), row("dra-example as vfnet", peerTuned))
 	for _, v := range []*proc{vfnet, vfnetSmall} {
 		for _, pp := range []struct {

@@ -12,7 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
@@ -34,7 +34,7 @@ func TestConcurrentClaimsOverGRPC(t *testing.T) {
 	claims := make([]*resourceapi.ResourceClaim, 0, n+dup)
 	for i := range n {
 		bdf := fmt.Sprintf("0000:3b:%02x.%d", 2+(i/8), i%8)
-		name, err := discovery.DeviceName(bdf)
+		name, err := pciaddr.DeviceName(bdf)
 		if err != nil {
 			t.Fatal(err)
 		}

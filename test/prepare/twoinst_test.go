@@ -13,8 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
@@ -124,7 +124,7 @@ func TestTwoInstancesStorm(t *testing.T) {
 	var claims []*resourceapi.ResourceClaim
 	names := make([]string, n)
 	for i := range n {
-		name, err := discovery.DeviceName(fmt.Sprintf("0000:3b:%02x.%d", 2+i/8, i%8))
+		name, err := pciaddr.DeviceName(fmt.Sprintf("0000:3b:%02x.%d", 2+i/8, i%8))
 		if err != nil {
 			t.Fatal(err)
 		}

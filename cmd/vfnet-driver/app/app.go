@@ -214,7 +214,7 @@ func checkpointVFs(path string) (map[string]string, error) {
 
 type driverFlags struct {
 	sysfsRoot, devRoot, config, nodeName, kubeconfig string
-	rescan, healthInterval                           time.Duration
+	resync, healthInterval                           time.Duration
 	registrarDir, pluginDir, cdiRoot, podUID         string
 	kubeletPodsDir, procRoot, bindingName            string
 	healthAddr, hostNetns                            string
@@ -231,8 +231,8 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	fs.StringVar(&f.config, "config", "", "node configuration file (NodeConfig YAML), re-read on every rescan; without it nothing is offered (alias --node-config)")
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
-	fs.DurationVar(&f.rescan, "rescan-interval", 30*time.Second, "how often to rescan sysfs and the node configuration")
-	fs.DurationVar(&f.healthInterval, "health-interval", 10*time.Second, "how often to re-check PF presence and link state for device health")
+	fs.DurationVar(&f.resync, "resync-interval", 5*time.Minute, "how often to reread sysfs and the node configuration without being told to: kernel events (uevents, link notifications) and changes of the --config file trigger a rescan at once; this catches a missed event (alias --rescan-interval)")
+	fs.DurationVar(&f.healthInterval, "health-interval", 5*time.Minute, "how often to re-check PF presence and link state without being told to (link notifications and uevents trigger it at once)")
 	fs.DurationVar(&f.pendingInterval, "vf-count-retry-interval", 5*time.Second, "how often to re-check a VF count change (numVFs) that waits for claims, or for its taints to be published")
 	fs.DurationVar(&f.claimsListTimeout, "claims-list-timeout", vfcount.DefaultListTimeout, "how long listing ResourceClaims for a VF count change (numVFs) may take before the change waits for the next try; the last list runs under the lock prepare takes, so keep it well under the kubelet's 45 s prepare timeout")
 	fs.StringVar(&f.registrarDir, "registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory")
@@ -247,6 +247,7 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	simulateFlag(fs, &f.simulate, sim, "run on the simulated host built by test/lib/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
+	alias(fs, "rescan-interval", "resync-interval")
 	logCfg := logsapi.NewLoggingConfiguration()
 	logsapi.AddGoFlags(logCfg, fs)
 	if err := fs.Parse(args); err != nil {
@@ -301,7 +302,8 @@ func openHost(sysfsRoot, devRoot, hostNetns string, sim Simulator) (*driver.Host
 		if err != nil {
 			return nil, fmt.Errorf("--host-netns: %w", err)
 		}
-		return &driver.Host{Sysfs: sysfs.New(sysfsRoot), Writer: sysfs.RootWriter{Root: sysfsRoot}, Links: l, DevRoot: devRoot, Close: func() { l.Close() }}, nil
+		return &driver.Host{Sysfs: sysfs.New(sysfsRoot), Writer: sysfs.RootWriter{Root: sysfsRoot}, Links: l, DevRoot: devRoot,
+			Events: driver.HostEvents(hostNetns), Close: func() { l.Close() }}, nil
 	}
 	if devRoot == "/dev" {
 		devRoot = "" // the simulated host's own
@@ -337,7 +339,7 @@ func kubeClients(kubeconfig string) (kubernetes.Interface, dynamic.Interface, er
 func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	cfg := driver.Config{
 		NodeName: f.nodeName, ConfigPath: f.config,
-		RescanInterval: f.rescan, HealthInterval: f.healthInterval, VFCountRetryInterval: f.pendingInterval,
+		ResyncInterval: f.resync, HealthInterval: f.healthInterval, VFCountRetryInterval: f.pendingInterval,
 		ClaimsListTimeout: f.claimsListTimeout,
 		RegistrarDir:      f.registrarDir, PluginDir: f.pluginDir, CDIRoot: f.cdiRoot, PodUID: f.podUID,
 		KubeletPodsDir: f.kubeletPodsDir, ProcRoot: f.procRoot, BindingName: f.bindingName, Simulated: sim != nil,
@@ -373,7 +375,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 	case <-d.Started():
 	}
 	if f.healthAddr != "" {
-		srv, err := serveHealth(ctx, f.healthAddr, d, 3*max(f.healthInterval, f.rescan))
+		srv, err := serveHealth(ctx, f.healthAddr, d, 3*max(f.healthInterval, f.resync))
 		if err != nil {
 			cancel()
 			<-done

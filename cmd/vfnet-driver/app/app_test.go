@@ -364,6 +364,10 @@ func TestInspectExplainsHostProblems(t *testing.T) {
 		"vfio-pci takeover": {simhost.MixedHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 4,
 			"# offered: 0000:3b:02.2: already bound to vfio-pci and /dev/vfio/27 is not held open by any process"},
 		"no numa_node": {simhost.NoNUMAHost(), "pfs:\n- pfName: enp59s0f0\n  network: a\n", 4, ""},
+		// pciaddr's domain rule: QEMU's vfio-pci opens no host device
+		// beyond PCI domain ffff, so the PF behind Intel VMD offers none.
+		"VMD domain": {simhost.VMDHost(), "pfs:\n- vendorID: \"8086\"\n  network: a\n", 4,
+			"# not offered: " + simhost.VMDPFAddress + ": PF ens10f0: PCI domain 10000 is beyond ffff (Intel VMD numbers its domains from 10000): QEMU's vfio-pci cannot open such a host device"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -29,6 +29,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
@@ -361,7 +362,7 @@ func TestRollingUpdateTwoDrivers(t *testing.T) {
 	var bdfs []string
 	for _, pf := range pfs {
 		for _, vf := range pf.VFs {
-			name, err := discovery.DeviceName(vf.Address)
+			name, err := pciaddr.DeviceName(vf.Address)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -115,8 +115,8 @@ func (h *Host) IOMMUGroupDevices(group string) ([]string, error) {
 // Function re-reads one PCI function by BDF. Errors wrap fs.ErrNotExist when
 // the function is gone.
 func (h *Host) Function(bdf string) (Function, error) {
-	if !ValidBDF(bdf) {
-		return Function{}, fmt.Errorf("PCI address %q: want the lower-case form 0000:3b:02.1", bdf)
+	if _, err := pciaddr.ParseKernelName(bdf); err != nil {
+		return Function{}, fmt.Errorf("PCI address %q: %w", bdf, err)
 	}
 	s := newScanner(h, logr.Discard(), nil)
 	real, err := s.resolveDevice(bdf)
@@ -182,7 +182,7 @@ func (h *Host) DiscoverReport(ctx context.Context) (Report, error) {
 		if isVF[bdf] {
 			continue
 		}
-		if !ValidBDF(bdf) {
+		if !isKernelName(bdf) {
 			s.skipWhy(filepath.Join(devDir, bdf), "entry name is not a PCI address", nil)
 			continue
 		}
@@ -301,7 +301,7 @@ func (s *scanner) findVFs(bdf string, total int) (*pfJob, error) {
 		p := filepath.Join(dir, name)
 		if l.target, err = os.Readlink(p); err != nil {
 			l.err = fmt.Errorf("read link %s: %w", p, err)
-		} else if l.bdf = filepath.Base(l.target); filepath.IsAbs(l.target) || !ValidBDF(l.bdf) {
+		} else if l.bdf = filepath.Base(l.target); filepath.IsAbs(l.target) || !isKernelName(l.bdf) {
 			l.err = fmt.Errorf("link %s -> %s does not name a PCI function", p, l.target)
 		}
 		job.links = append(job.links, l)
@@ -598,6 +598,12 @@ func openDir(dir string) (int, error) {
 }
 
 func (h *Host) pcieRoot(bdf string) (string, error) {
+	// The Kubernetes helper takes only four-digit domains (its BDF
+	// pattern), as pciaddr's domain rule does: a function beyond (behind
+	// Intel VMD) is modelled without a root, and discovery refuses it.
+	if a, err := pciaddr.ParseKernelName(bdf); err == nil && a.Domain > pciaddr.MaxDomain {
+		return "", nil
+	}
 	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(bdf, deviceattribute.WithFSFromRoot(h.root))
 	if err != nil {
 		return "", err
@@ -713,8 +719,8 @@ func classifyNetDevs(devDir string, names []string) (uplink string, reps []strin
 // UplinkOf returns the uplink netdev of the PF at pfBDF as the kernel shows
 // it now (it may have been renamed since discovery), "" when it has none.
 func (h *Host) UplinkOf(pfBDF string) (string, error) {
-	if !ValidBDF(pfBDF) {
-		return "", fmt.Errorf("PCI address %q: want the lower-case form 0000:3b:00.0", pfBDF)
+	if _, err := pciaddr.ParseKernelName(pfBDF); err != nil {
+		return "", fmt.Errorf("PCI address %q: %w", pfBDF, err)
 	}
 	dir := filepath.Join(h.root, PCIDevicesDir, pfBDF)
 	names, err := readDirNames(filepath.Join(dir, "net"))
@@ -823,9 +829,13 @@ func direntNames(fd int) ([]string, error) {
 	}
 }
 
-// ValidBDF reports whether s is a lower-case PCI address "dddd:bb:ss.f"
-// as the kernel names devices (pciaddr.Valid).
-func ValidBDF(s string) bool { return pciaddr.Valid(s) }
+// isKernelName reports whether s is a PCI function name as the kernel
+// writes it (pciaddr.ParseKernelName: the model lists functions in every
+// domain; discovery applies pciaddr's domain rule).
+func isKernelName(s string) bool {
+	_, err := pciaddr.ParseKernelName(s)
+	return err == nil
+}
 
 func isHex(s string) bool {
 	for _, c := range []byte(s) {

@@ -445,16 +445,6 @@ func TestDriverLoaded(t *testing.T) {
 	}
 }
 
-func TestValidBDF(t *testing.T) {
-	t.Parallel()
-	for s, want := range map[string]bool{"0000:3b:02.1": true, "0000:3b:1f.7": true, "0000:3b:02.8": false,
-		"0000:3B:02.1": false, "000:3b:02.1": false, "0000-3b:02.1": false, "": false} {
-		if got := sysfs.ValidBDF(s); got != want {
-			t.Errorf("ValidBDF(%q) = %v, want %v", s, got, want)
-		}
-	}
-}
-
 // A kernel built without CONFIG_NUMA has no numa_node files: every
 // function is still found, with NUMANode -1.
 func TestDiscoverWithoutNUMAFiles(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/libvirtfake"
 )
 
@@ -95,9 +96,9 @@ func startLauncher(t *testing.T, pods string) *libvirtfake.Server {
 	return srv
 }
 
-func mustPCI(t *testing.T, s string) attach.PCIAddress {
+func mustPCI(t *testing.T, s string) pciaddr.Address {
 	t.Helper()
-	a, err := attach.ParsePCIAddress(s)
+	a, err := pciaddr.Parse(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,6 +313,26 @@ func TestAttachStopsOnPermanentLibvirtError(t *testing.T) {
 	}
 }
 
+// A VF beyond PCI domain ffff (Intel VMD) is refused before the launcher
+// is reached: QEMU's vfio-pci would refuse the hot-plug (pciaddr's domain
+// rule), and no retry can change that.
+func TestAttachRefusesVMDDomainVF(t *testing.T) {
+	t.Parallel()
+	pods := podsDir(t)
+	srv := startLauncher(t, pods)
+	a := &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: &fakeMemlock{}, PodsDir: pods, Timeout: time.Minute}
+	vmd := pciaddr.Address{Domain: 0x10000, Bus: 0x3b, Slot: 2, Function: 1}
+	_, err := a.Attach(context.Background(), attach.Request{PodUID: podUID, Domain: testDomain,
+		Hostdevs: []attach.Hostdev{{Interface: "dra-net", Source: vmd}}})
+	var gu *attach.GaveUpError
+	if !errors.As(err, &gu) || !gu.Permanent || gu.Attempts != 1 || !errors.Is(err, pciaddr.ErrDomain) || !strings.Contains(err.Error(), "10000:3b:02.1") {
+		t.Fatalf("err = %v, want a permanent give-up with pciaddr.ErrDomain naming the VF", err)
+	}
+	if n := len(srv.Attaches()); n != 0 {
+		t.Fatalf("fake received %d attaches, want none", n)
+	}
+}
+
 func TestAttachFailsWhenMemlockCannotBeRaised(t *testing.T) {
 	t.Parallel()
 	pods := podsDir(t)
@@ -363,7 +384,7 @@ func BenchmarkAttach(b *testing.B) {
 	}
 	defer func() { _ = srv.Close() }()
 	a := &attach.Attacher{Dialer: attach.SessionDialer{}, Memlock: attach.NoMemlock{}, PodsDir: pods}
-	src, _ := attach.ParsePCIAddress("0000:3b:02.1")
+	src, _ := pciaddr.Parse("0000:3b:02.1")
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		name := "default_vm" + strconv.Itoa(i)

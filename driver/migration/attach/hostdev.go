@@ -21,19 +21,6 @@ const AliasPrefix = hostdev.AliasPrefix
 // Alias returns the libvirt alias of the hostdev for a VMI interface.
 func Alias(iface string) string { return hostdev.Alias(iface) }
 
-// PCIAddress is a PCI domain:bus:slot.function.
-type PCIAddress = pciaddr.Address
-
-// ParsePCIAddress parses "0000:3b:02.1" (the form of VMI pciAddress and of
-// resource.kubernetes.io/pciBusID).
-func ParsePCIAddress(s string) (PCIAddress, error) {
-	a, err := pciaddr.Parse(s)
-	if err != nil {
-		return PCIAddress{}, fmt.Errorf("PCI address %q: %w", s, err)
-	}
-	return a, nil
-}
-
 // Hostdev is one VF to attach for one VMI interface; its XML is the same
 // <hostdev> the vfnet binding writes at VM start.
 type Hostdev = hostdev.Spec
@@ -41,7 +28,7 @@ type Hostdev = hostdev.Spec
 // liveDomain is what the attach logic needs from a domain's live XML.
 type liveDomain struct {
 	aliases map[string]bool
-	sources map[PCIAddress]string // host PCI source -> alias
+	sources map[pciaddr.Address]string // host PCI source -> alias
 	// memoryBytes is the most guest memory the domain can have (maxMemory
 	// if hotplug is configured, else memory).
 	memoryBytes uint64
@@ -52,7 +39,7 @@ func parseLiveDomain(domXML string) (liveDomain, error) {
 	if err := d.Unmarshal(domXML); err != nil {
 		return liveDomain{}, fmt.Errorf("parse live domain XML: %w", err)
 	}
-	ld := liveDomain{aliases: map[string]bool{}, sources: map[PCIAddress]string{}}
+	ld := liveDomain{aliases: map[string]bool{}, sources: map[pciaddr.Address]string{}}
 	if d.Devices != nil {
 		for _, hd := range d.Devices.Hostdevs {
 			alias := ""
@@ -63,7 +50,7 @@ func parseLiveDomain(domXML string) (liveDomain, error) {
 			if hd.SubsysPCI != nil && hd.SubsysPCI.Source != nil && hd.SubsysPCI.Source.Address != nil {
 				a := hd.SubsysPCI.Source.Address
 				if a.Domain != nil && a.Bus != nil && a.Slot != nil && a.Function != nil {
-					ld.sources[PCIAddress{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}] = alias
+					ld.sources[pciaddr.Address{Domain: *a.Domain, Bus: *a.Bus, Slot: *a.Slot, Function: *a.Function}] = alias
 				}
 			}
 		}

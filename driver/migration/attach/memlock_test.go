@@ -128,19 +128,6 @@ func TestProcMemlockRaisesOnlyWhenLower(t *testing.T) {
 	}
 }
 
-func TestParsePCIAddress(t *testing.T) {
-	t.Parallel()
-	a, err := attach.ParsePCIAddress("0000:3B:02.1")
-	if err != nil || a.String() != "0000:3b:02.1" {
-		t.Fatalf("%v %v", a, err)
-	}
-	for _, bad := range []string{"", "3b:02.1", "0000:3b:02", "0000:3b:20.1", "0000:3b:02.8", "0000:3b:02.x", "10000:00:00.0", "0000::02.1"} {
-		if _, err := attach.ParsePCIAddress(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
-
 // TestPrlimitOnSelf checks the prlimit(2) wiring on this process: reading
 // and re-setting its own RLIMIT_MEMLOCK needs no privilege.
 func TestPrlimitOnSelf(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
@@ -194,17 +194,15 @@ func (w *Watcher) hostdev(claim *resourceapi.ResourceClaim, ci vmiview.ClaimInte
 		return h, fmt.Errorf("ResourceClaim %s/%s request %q: want exactly one %s device for interface %q, allocation has %d (%v)",
 			claim.Namespace, claim.Name, ci.RequestName, w.cfg.DriverName, ci.Interface.Name, len(devs), devs)
 	}
-	bdf, err := discovery.ParseDeviceName(devs[0])
+	src, err := pciaddr.ParseDeviceName(devs[0])
 	if err != nil {
 		return h, fmt.Errorf("ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
-	if h.Source, err = attach.ParsePCIAddress(bdf); err != nil {
-		return h, err
-	}
+	h.Source = src
 	if pa := ci.Interface.PciAddress; pa != "" {
-		g, err := attach.ParsePCIAddress(pa)
+		g, err := pciaddr.ParseLoose(pa)
 		if err != nil {
-			return h, fmt.Errorf("VMI interface %q pciAddress: %w", ci.Interface.Name, err)
+			return h, fmt.Errorf("VMI interface %q pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", ci.Interface.Name, pa, err)
 		}
 		h.Guest = &g
 	}

@@ -243,7 +243,9 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 	}
 	if v, ok := str("pciAddress"); ok {
 		lv := strings.ToLower(v)
-		if !pciaddr.Valid(lv) {
+		// The PF as the kernel names it; discovery applies the domain rule
+		// and says why a PF beyond it is not offered.
+		if _, err := pciaddr.ParseKernelName(lv); err != nil {
 			fe.add(path+".pciAddress", "%q is not a PCI address: use domain:bus:slot.function, e.g. \"0000:3b:00.0\"", v)
 		}
 		s.PCIAddress = lv

@@ -25,7 +25,9 @@ func Alias(iface string) string { return AliasPrefix + iface }
 type Spec struct {
 	// Interface is the VMI interface name; the alias is ua-sriov-<Interface>.
 	Interface string
-	// Source is the host VF, already bound to vfio-pci.
+	// Source is the host VF, already bound to vfio-pci. It must pass
+	// pciaddr's rule (Address.Check): QEMU opens no host device beyond
+	// domain ffff.
 	Source pciaddr.Address
 	// Guest is the guest PCI address (VMI interface pciAddress), if set.
 	Guest *pciaddr.Address
@@ -53,10 +55,18 @@ func (s Spec) Element() *libvirtxml.DomainHostdev {
 	return h
 }
 
-// XML renders Element as libvirt XML.
+// XML renders Element as libvirt XML, after checking the addresses.
 func (s Spec) XML() (string, error) {
 	if s.Interface == "" {
 		return "", fmt.Errorf("hostdev for VF %s: interface name is empty", s.Source)
+	}
+	if err := s.Source.Check(); err != nil {
+		return "", fmt.Errorf("hostdev for interface %q: source VF %s: %w", s.Interface, s.Source, err)
+	}
+	if s.Guest != nil {
+		if err := s.Guest.Check(); err != nil {
+			return "", fmt.Errorf("hostdev for interface %q: guest address %s: %w; fix the interface's pciAddress", s.Interface, s.Guest, err)
+		}
 	}
 	x, err := s.Element().Marshal()
 	if err != nil {

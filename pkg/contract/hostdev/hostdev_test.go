@@ -1,6 +1,7 @@
 package hostdev_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -39,5 +40,20 @@ func TestXML(t *testing.T) {
 
 	if _, err := (hostdev.Spec{Source: src}).XML(); err == nil || !strings.Contains(err.Error(), "0000:3b:02.1") {
 		t.Errorf("empty interface: err = %v, want an error naming the VF", err)
+	}
+}
+
+// The hostdev the sidecar and the migration attacher write is never one QEMU
+// refuses: a source beyond PCI domain ffff (Intel VMD) fails pciaddr's rule.
+func TestXMLRefusesVMDDomain(t *testing.T) {
+	t.Parallel()
+	src := pciaddr.Address{Domain: 0x10000, Bus: 0x3b, Slot: 2, Function: 1}
+	_, err := hostdev.Spec{Interface: "dra-net", Source: src}.XML()
+	if !errors.Is(err, pciaddr.ErrDomain) || !strings.Contains(err.Error(), `interface "dra-net": source VF 10000:3b:02.1`) {
+		t.Errorf("err = %v, want pciaddr.ErrDomain naming the interface and the VF", err)
+	}
+	bad := pciaddr.Address{Slot: 0x20}
+	if _, err := (hostdev.Spec{Interface: "n", Source: pciaddr.Address{Bus: 1}, Guest: &bad}).XML(); err == nil || !strings.Contains(err.Error(), "pciAddress") {
+		t.Errorf("guest slot 20: err = %v, want one naming the field to fix", err)
 	}
 }

@@ -169,16 +169,12 @@ func Decode(data []byte) (*Device, error) {
 	if !ok || attr.StringValue == nil || *attr.StringValue == "" {
 		return nil, fmt.Errorf("device %q has no string attribute %s; vfnet-driver always publishes it, so the file is damaged or from another writer", found.Name, PCIBusIDAttribute)
 	}
-	if !ValidPCIBusID(*attr.StringValue) {
-		return nil, fmt.Errorf("device %q: attribute %s %q is not a lower-case PCI address like 0000:3b:02.1; the file is damaged or from another writer", found.Name, PCIBusIDAttribute, *attr.StringValue)
+	if _, err := pciaddr.Parse(*attr.StringValue); err != nil {
+		return nil, fmt.Errorf("device %q: attribute %s %q: %w; vfnet-driver never publishes such an address, so the file is damaged or from another writer", found.Name, PCIBusIDAttribute, *attr.StringValue, err)
 	}
 	d.PCIBusID = *attr.StringValue
 	return d, nil
 }
-
-// ValidPCIBusID reports whether s is a PCI address in the canonical form the
-// kernel and the standard attribute use (pciaddr.Valid).
-func ValidPCIBusID(s string) bool { return pciaddr.Valid(s) }
 
 // IsNotExist reports whether err says a metadata file or directory is missing.
 func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -20,6 +20,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -129,7 +130,7 @@ func TestDiscoveryAndInspect(t *testing.T) {
 		lp, _ := m.lay.PF(role)
 		pf := byAddr[lp.Address]
 		for _, vf := range pf.VFs {
-			name, err := discovery.DeviceName(vf.Address)
+			name, err := pciaddr.DeviceName(vf.Address)
 			if err != nil {
 				t.Fatal(err)
 			}

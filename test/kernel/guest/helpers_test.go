@@ -18,10 +18,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/vfnet-io/vfnet/driver/checkpoint"
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/prepare"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 	"github.com/vfnet-io/vfnet/test/lib/preparetest"
 )
@@ -163,7 +163,7 @@ func (m *machine) state(t *testing.T, dir string, hook func(string), claims ...*
 func claim(name string, params string, vfs ...sysfs.VF) *resourceapi.ResourceClaim {
 	var names []string
 	for _, vf := range vfs {
-		n, err := discovery.DeviceName(vf.Address)
+		n, err := pciaddr.DeviceName(vf.Address)
 		if err != nil {
 			panic(err)
 		}

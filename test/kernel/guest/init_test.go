@@ -46,6 +46,7 @@ func caseTests() map[string]string {
 		"trace":       "TestKernelTrace",
 		"recreate":    "TestRecreatedVFs",
 		"numvfs":      "TestNumVFs",
+		"events":      "TestHostEvents",
 		"vm":          "TestVMOnVF",
 	}
 }

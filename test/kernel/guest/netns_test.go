@@ -36,6 +36,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -344,7 +345,7 @@ func TestDriverInOwnNetns(t *testing.T) {
 
 	// It publishes the VFs it can prepare: the PFs' netdevs are found
 	// through the host namespace although its own has none of them.
-	devName, err := discovery.DeviceName(vf.Address)
+	devName, err := pciaddr.DeviceName(vf.Address)
 	if err != nil {
 		t.Fatal(err)
 	}

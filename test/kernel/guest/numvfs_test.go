@@ -25,6 +25,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -132,7 +133,7 @@ func vfNames(t *testing.T, pf string, n int) map[string]string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		name, err := discovery.DeviceName(filepath.Base(target))
+		name, err := pciaddr.DeviceName(filepath.Base(target))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +272,7 @@ func TestNumVFs(t *testing.T) {
 		t.Fatalf("prepare: %v", err)
 	}
 	setNumVFs(2)
-	vf0Name, _ := discovery.DeviceName(vf0.Address)
+	vf0Name, _ := pciaddr.DeviceName(vf0.Address)
 	waitFor(t, ctx, d.exited, "the blocked Event naming the claim", func() bool {
 		_, ok := nodeEvent(ctx, kube, vfcount.ReasonBlocked, pf, "prepared for claim default/numvfs-blocker")
 		return ok

@@ -30,7 +30,6 @@ import (
 	"libvirt.org/go/libvirtxml"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/vfnet-io/vfnet/driver/discovery"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
@@ -548,7 +547,7 @@ func TestVMOnVF(t *testing.T) {
 	before := m.vfState(t, pf, vf)
 	dir := t.TempDir()
 	drv := m.startDriver(t, ctx, podNetns(t, apiHost, m.lay.APIServer), dir)
-	devName, err := discovery.DeviceName(vf.Address)
+	devName, err := pciaddr.DeviceName(vf.Address)
 	if err != nil {
 		t.Fatal(err)
 	}

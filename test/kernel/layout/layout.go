@@ -113,7 +113,7 @@ const (
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
 func NeedsAPIServer(c string) bool {
-	return c == "netns" || c == "crash" || c == "numvfs" || c == "vm"
+	return c == "netns" || c == "crash" || c == "numvfs" || c == "events" || c == "vm"
 }
 
 // NeedsVirt reports whether a case runs libvirt and QEMU inside the guest
@@ -146,5 +146,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs", "vm"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs", "events", "vm"}
 }

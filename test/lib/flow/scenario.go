@@ -15,6 +15,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"github.com/vfnet-io/vfnet/test/lib/simhost"
 )
 
@@ -371,7 +372,7 @@ func (e *Env) checkBinding(ctx context.Context, node *Node, r *vmRun) (string, e
 		return "", fmt.Errorf("no PCI hostdev with alias ua-sriov-%s in the binding's domain:\n%s", r.vm.Spec.Interface, out.DomainXML)
 	}
 	a := found.SubsysPCI.Source.Address
-	got := fmt.Sprintf("%04x:%02x:%02x.%x", deref(a.Domain), deref(a.Bus), deref(a.Slot), deref(a.Function))
+	got := pciaddr.Address{Domain: deref(a.Domain), Bus: deref(a.Bus), Slot: deref(a.Slot), Function: deref(a.Function)}.String()
 	if got != r.ref.BDF {
 		return "", fmt.Errorf("hostdev source address %s, want the allocated VF %s", got, r.ref.BDF)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 )
@@ -417,7 +418,7 @@ func pciKey(a *libvirtxml.DomainAddressPCI) string {
 		}
 		return *p
 	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", v(a.Domain), v(a.Bus), v(a.Slot), v(a.Function))
+	return pciaddr.Address{Domain: v(a.Domain), Bus: v(a.Bus), Slot: v(a.Slot), Function: v(a.Function)}.String()
 }
 
 // ErrNoValidator is returned by ValidateDomain when virt-xml-validate or

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 const stateVersion = 1
@@ -97,8 +99,10 @@ type Host struct {
 	timers map[string]*time.Timer     // group -> pending /dev/vfio node
 	kernel *Kernel
 	links  *Links
-	closed bool
-	stamp  fileStamp // of host.json as last read or written
+	// ueventSeq numbers the uevents this process sends (SEQNUM).
+	ueventSeq atomic.Uint64
+	closed    bool
+	stamp     fileStamp // of host.json as last read or written
 	// delayPinned: this process was opened WithVFIODevDelay, so another
 	// process's SetVFIODevDelay does not change its delay.
 	delayPinned bool
@@ -400,8 +404,8 @@ func writeAtomic(p string, b []byte) error {
 func validateSpec(s *Spec) error {
 	seen := map[string]string{}
 	claim := func(bdf, what string) error {
-		if !sysfs.ValidBDF(bdf) {
-			return fmt.Errorf("spec: %s address %q: want lower-case dddd:bb:ss.f", what, bdf)
+		if _, err := pciaddr.ParseKernelName(bdf); err != nil {
+			return fmt.Errorf("spec: %s address %q: %w", what, bdf, err)
 		}
 		if prev, ok := seen[bdf]; ok {
 			return fmt.Errorf("spec: %s address %s already used by %s", what, bdf, prev)
@@ -416,7 +420,7 @@ func validateSpec(s *Spec) error {
 		if f.RootPort == "" {
 			f.RootPort = rootPortFor(f.Address)
 		}
-		if !sysfs.ValidBDF(f.RootPort) {
+		if _, err := pciaddr.ParseKernelName(f.RootPort); err != nil {
 			return fmt.Errorf("spec: %s %s: root port %q is not a PCI address", what, f.Address, f.RootPort)
 		}
 		if len(f.VendorID) != 4 || len(f.DeviceID) != 4 {
@@ -889,7 +893,7 @@ const driverPCIePort = "pcieport"
 // image GUID), derived here from the PF's slot.
 func switchID(bdf string) string {
 	dom, rid, _ := parseBDF(bdf)
-	return fmt.Sprintf("%s%04x%08x", dom, rid>>3, 0xc0ffee)
+	return fmt.Sprintf("%04x%04x%08x", dom, rid>>3, 0xc0ffee)
 }
 
 // representorName is what NVIDIA's udev rule names VF i's representor:
@@ -1266,6 +1270,8 @@ func (h *Host) RenameNetdev(old, new string) error {
 			return fail(err)
 		}
 	}
+	h.uevent("move", newND, "SUBSYSTEM=net", "INTERFACE="+new, "DEVPATH_OLD=/"+nd)
+	h.linkChanged(new, false)
 	return nil
 }
 

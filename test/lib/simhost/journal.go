@@ -164,7 +164,19 @@ func (h *Host) run(in intent) error {
 	if err := h.begin(in); err != nil {
 		return err
 	}
+	var before hostSnapshot
+	listening := h.hasListeners("uevent-")
+	if listening {
+		before = h.takeSnapshot()
+	}
 	err := h.apply(in)
 	h.end()
+	if listening {
+		pf := ""
+		if in.Op == opNumVFs && err == nil {
+			pf = in.BDF
+		}
+		h.emitDiff(before, pf)
+	}
 	return err
 }

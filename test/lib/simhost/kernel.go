@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // Kernel is the simulated kernel's sysfs attribute handling. It implements
@@ -210,7 +211,7 @@ func (h *Host) resolveRel(dir string) string {
 
 // device returns the device directory of bdf, or ENODEV.
 func (h *Host) device(bdf string) (string, error) {
-	if !sysfs.ValidBDF(bdf) {
+	if _, err := pciaddr.ParseKernelName(bdf); err != nil {
 		return "", syscall.ENODEV
 	}
 	dir, err := h.t.readlink(busLink(bdf))
@@ -618,7 +619,11 @@ func (h *Host) SetOperState(ifname, state string) error {
 	if !h.t.exists(p) {
 		return fmt.Errorf("set operstate of %s: no such netdev", ifname)
 	}
-	return h.t.write(p+"/operstate", state+"\n", 0o444)
+	if err := h.t.write(p+"/operstate", state+"\n", 0o444); err != nil {
+		return err
+	}
+	h.linkChanged(ifname, false)
+	return nil
 }
 
 // SetNumVFs changes a PF's VF count the way an admin does: through 0 when

@@ -262,6 +262,8 @@ func (l *Links) update(op, pf string, vf int, fn func(st *vflink.VFState, pfDir 
 	if err := l.save(m); err != nil {
 		return err
 	}
+	// The kernel notifies RTM_NEWLINK of the PF after a setlink.
+	l.h.linkChanged(pf, false)
 	switch op {
 	case OpSetMAC, OpSetVLAN, OpSetTrust:
 		// i40e and ice reset the VF to apply these.

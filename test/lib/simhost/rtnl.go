@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
@@ -275,9 +276,12 @@ func (l *Links) linkMessage(dev simNetdev, mask uint32, seq uint32) ([]byte, err
 		if typ, _ := t.read(dev.dir + "/type"); typ == "32" {
 			ifi.Type, isIB = unix.ARPHRD_INFINIBAND, true
 		}
-		if op, _ := t.read(dev.dir + "/operstate"); op == "up" {
+		op, _ := t.read(dev.dir + "/operstate")
+		if op == "up" {
 			ifi.Flags |= unix.IFF_UP | unix.IFF_RUNNING
 		}
+		// IFLA_OPERSTATE as rtnl_fill_ifinfo puts it in (RFC 2863 values).
+		add(unix.IFLA_OPERSTATE, []byte{operState(op)})
 		if a, err := t.read(dev.dir + "/address"); err == nil {
 			if hw, err := net.ParseMAC(a); err == nil {
 				mac = hw
@@ -323,6 +327,25 @@ func (l *Links) linkMessage(dev simNetdev, mask uint32, seq uint32) ([]byte, err
 		b = append(b, make([]byte, align4(len(s))-len(s))...)
 	}
 	return b, nil
+}
+
+// operState is the IF_OPER_* value of a sysfs operstate string.
+func operState(s string) byte {
+	switch s {
+	case "up":
+		return byte(netlink.OperUp)
+	case "down":
+		return byte(netlink.OperDown)
+	case "lowerlayerdown":
+		return byte(netlink.OperLowerLayerDown)
+	case "dormant":
+		return byte(netlink.OperDormant)
+	case "notpresent":
+		return byte(netlink.OperNotPresent)
+	case "testing":
+		return byte(netlink.OperTesting)
+	}
+	return byte(netlink.OperUnknown)
 }
 
 func align4(n int) int { return (n + 3) &^ 3 }

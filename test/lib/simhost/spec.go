@@ -2,10 +2,10 @@ package simhost
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // Spec describes a host to build.
@@ -172,14 +172,16 @@ func PlainNIC(addr, netdev string) FunctionSpec {
 // matches the common Intel server layout (root port 3a:00.0 above bus 3b);
 // buses below 0x10 hang off root ports 00:<B>.0 of the first root complex.
 func rootPortFor(addr string) string {
-	bus, err := strconv.ParseUint(addr[5:7], 16, 8)
-	if err != nil || bus == 0 {
-		return addr[:5] + "00:1c.0"
+	a, err := pciaddr.ParseKernelName(addr)
+	port := pciaddr.Address{Domain: a.Domain, Slot: 0x1c}
+	switch {
+	case err != nil || a.Bus == 0:
+	case a.Bus < 0x10:
+		port.Slot = a.Bus
+	default:
+		port.Bus, port.Slot = a.Bus-1, 0
 	}
-	if bus < 0x10 {
-		return fmt.Sprintf("%s00:%02x.0", addr[:5], bus)
-	}
-	return fmt.Sprintf("%s%02x:00.0", addr[:5], bus-1)
+	return port.String()
 }
 
 // E810Host is one dual-port E810 (0000:3b:00.0 enp59s0f0 and 0000:3b:00.1
@@ -209,6 +211,17 @@ func MixedHost() Spec {
 	plain.NUMANode = -1
 	return Spec{PFs: []PFSpec{e0, e1, cx, igb}, Functions: []FunctionSpec{plain}, NUMANodes: 2}
 }
+
+// VMDHost is E810Host's port 0 (0000:3b:00.0 enp59s0f0, 4 VFs) plus an
+// E810 PF behind an Intel VMD controller, in PCI domain 10000 as the kernel
+// numbers VMD domains: 10000:e1:00.0 ens10f0 with 4 VFs (10000:e1:02.0 up).
+// vfnet offers no VF beyond domain ffff (pkg/contract/pciaddr).
+func VMDHost() Spec {
+	return Spec{PFs: []PFSpec{E810PF("0000:3b:00.0", "enp59s0f0", 4), E810PF(VMDPFAddress, "ens10f0", 4)}}
+}
+
+// VMDPFAddress is VMDHost's PF in a VMD domain.
+const VMDPFAddress = "10000:e1:00.0"
 
 // InfinibandHost is one ConnectX-6 Dx in InfiniBand mode (ibp216s0f0, 4 VFs).
 func InfinibandHost() Spec {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // tree writes and reads a sysfs-shaped directory. All rel paths are
@@ -157,25 +159,26 @@ const (
 
 func busLink(bdf string) string { return pciDevices + "/" + bdf }
 
-// rootComplex is the devices/ directory of a root port's host bridge.
-func rootComplex(rootPort string) string { return "pci" + rootPort[:7] }
-
-// parseBDF returns the 16-bit routing ID (bus<<8 | dev<<3 | fn) and domain.
-func parseBDF(bdf string) (domain string, rid int, err error) {
-	if len(bdf) != 12 || bdf[4] != ':' || bdf[7] != ':' || bdf[10] != '.' {
-		return "", 0, fmt.Errorf("PCI address %q: want dddd:bb:ss.f", bdf)
-	}
-	bus, err1 := strconv.ParseUint(bdf[5:7], 16, 8)
-	slot, err2 := strconv.ParseUint(bdf[8:10], 16, 8)
-	fn, err3 := strconv.ParseUint(bdf[11:], 16, 8)
-	if err1 != nil || err2 != nil || err3 != nil || slot > 31 || fn > 7 {
-		return "", 0, fmt.Errorf("PCI address %q: want dddd:bb:ss.f with slot <= 1f and function <= 7", bdf)
-	}
-	return bdf[:4], int(bus)<<8 | int(slot)<<3 | int(fn), nil
+// rootComplex is the devices/ directory of a root port's host bridge
+// (pci0000:3a), in the port's domain and on its bus.
+func rootComplex(rootPort string) string {
+	a, _ := pciaddr.ParseKernelName(rootPort)
+	return fmt.Sprintf("pci%04x:%02x", a.Domain, a.Bus)
 }
 
-func formatBDF(domain string, rid int) string {
-	return fmt.Sprintf("%s:%02x:%02x.%x", domain, rid>>8, (rid>>3)&0x1f, rid&7)
+// parseBDF returns the 16-bit routing ID (bus<<8 | dev<<3 | fn) and domain
+// of a function the simulated kernel names: any domain the kernel has,
+// including those beyond ffff behind Intel VMD.
+func parseBDF(bdf string) (domain uint, rid int, err error) {
+	a, err := pciaddr.ParseKernelName(bdf)
+	if err != nil {
+		return 0, 0, fmt.Errorf("PCI address %q: %w", bdf, err)
+	}
+	return a.Domain, int(a.Bus)<<8 | int(a.Slot)<<3 | int(a.Function), nil
+}
+
+func formatBDF(domain uint, rid int) string {
+	return pciaddr.Address{Domain: domain, Bus: uint(rid >> 8), Slot: uint(rid>>3) & 0x1f, Function: uint(rid) & 7}.String()
 }
 
 // vfAddress is where the SR-IOV capability puts VF i.
@@ -212,8 +215,7 @@ func vfNetDev(pfNetDev string, i int) string { return pfNetDev + "v" + strconv.I
 // derivedMAC is a stable locally administered MAC for a function.
 func derivedMAC(bdf string, salt byte) string {
 	dom, rid, _ := parseBDF(bdf)
-	d, _ := strconv.ParseUint(dom, 16, 16)
-	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", salt, byte(d), rid>>8, (rid>>3)&0x1f, rid&7)
+	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", salt, byte(dom), rid>>8, (rid>>3)&0x1f, rid&7)
 }
 
 func arphrd(linkType string) string {

@@ -35,5 +35,5 @@ func Open(sysfsRoot, devRoot, hostNetns string) (*driver.Host, error) {
 		}
 		links = l
 	}
-	return &driver.Host{Sysfs: h.Sysfs(), Writer: h.Kernel(), Links: links, DevRoot: h.DevRoot(), Close: func() { h.Close() }}, nil
+	return &driver.Host{Sysfs: h.Sysfs(), Writer: h.Kernel(), Links: links, DevRoot: h.DevRoot(), Events: h.EventSources, Close: func() { h.Close() }}, nil
 }
