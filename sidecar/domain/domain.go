@@ -14,7 +14,6 @@ package domain
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -47,35 +46,13 @@ type InvalidInputError struct{ Err error }
 func (e *InvalidInputError) Error() string { return e.Err.Error() }
 func (e *InvalidInputError) Unwrap() error { return e.Err }
 
-// Apply returns domainXML with one PCI hostdev for each interface of vmi
-// whose binding is bindingName, replacing any hostdev with the same alias
-// that an earlier call wrote. Interfaces of other bindings and every other
-// part of the document are left as they are.
-func Apply(domainXML []byte, vmi *vmiview.VMI, bindingName string, reader MetadataReader) ([]byte, error) {
-	return ApplyContext(context.Background(), domainXML, vmi, bindingName, reader)
-}
-
-// ApplyContext is Apply with the logger taken from ctx.
-func ApplyContext(ctx context.Context, domainXML []byte, vmi *vmiview.VMI, bindingName string, reader MetadataReader) ([]byte, error) {
-	if vmi == nil {
-		return nil, &InvalidInputError{errors.New("no VirtualMachineInstance given")}
-	}
-	ifaces, err := vmi.BindingInterfaces(bindingName)
-	if err != nil {
-		return nil, err
-	}
-	return ApplyInterfaces(ctx, domainXML, ifaces, reader)
-}
-
-// ApplyInterfaces is ApplyContext for a caller that already resolved the
-// VMI's binding interfaces with vmiview.VMI.BindingInterfaces.
-func ApplyInterfaces(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader) ([]byte, error) {
-	return ApplyInterfacesCached(ctx, domainXML, ifaces, reader, nil)
-}
-
-// ApplyInterfacesCached is ApplyInterfaces that reuses the XML of hostdevs
-// an earlier call wrote (cache may be nil).
-func ApplyInterfacesCached(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader, cache *HostdevCache) ([]byte, error) {
+// Apply returns domainXML with one PCI hostdev for each of ifaces (the
+// VMI's interfaces of the vfnet binding: vmiview.VMI.BindingInterfaces),
+// replacing any hostdev with the same alias that an earlier call wrote.
+// Every other part of the document is left as it is. cache, if not nil,
+// keeps the hostdev XML of earlier calls for reuse. The logger comes from
+// ctx.
+func Apply(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader, cache *HostdevCache) ([]byte, error) {
 	// Scan even when no interface uses the binding: the document must be a
 	// domain either way, and returning garbage unchanged would only move
 	// the failure to libvirt.

@@ -2,6 +2,7 @@ package domain_test
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 	"github.com/vfnet-io/vfnet/sidecar/domain"
 	"github.com/vfnet-io/vfnet/test/lib/kubevirtvmi"
 )
@@ -64,9 +66,19 @@ func checkHostdev(t testing.TB, h libvirtxml.DomainHostdev, source, guest string
 	}
 }
 
+// applyVMI is what the hook server does with a VMI: its binding's
+// interfaces, then Apply.
+func applyVMI(in []byte, vmi *vmiview.VMI, bindingName string, reader domain.MetadataReader) ([]byte, error) {
+	ifaces, err := vmi.BindingInterfaces(bindingName)
+	if err != nil {
+		return nil, err
+	}
+	return domain.Apply(context.Background(), in, ifaces, reader, nil)
+}
+
 func apply(t testing.TB, in []byte, vmi *kubevirtv1.VirtualMachineInstance, root string) []byte {
 	t.Helper()
-	out, err := domain.Apply(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
+	out, err := applyVMI(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
 	if err != nil {
 		t.Fatalf("Apply: %v", err)
 	}

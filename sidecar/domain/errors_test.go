@@ -200,7 +200,7 @@ func TestErrors(t *testing.T) {
 			if c.xml != "" {
 				in = []byte(c.xml)
 			}
-			out, err := domain.Apply(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
+			out, err := applyVMI(in, kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root})
 			if err == nil {
 				t.Fatalf("no error; output:\n%s", out)
 			}
@@ -227,7 +227,7 @@ func TestMACComparedNormalized(t *testing.T) {
 	root := t.TempDir()
 	writeVF(t, root, "net", "vf", "0000:3b:02.1", "02:AB:cd:00:00:01")
 	vmi := newVMI().VFNet("dra-net", "net", "vf", func(i *kubevirtv1.Interface) { i.MacAddress = "02-ab-CD-00-00-01" }).Build()
-	if _, err := domain.Apply(readTestdata(t, "q35.xml"), kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root}); err != nil {
+	if _, err := applyVMI(readTestdata(t, "q35.xml"), kubevirtvmi.View(vmi), binding, metadata.FileReader{Root: root}); err != nil {
 		t.Fatal(err)
 	}
 }

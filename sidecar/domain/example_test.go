@@ -1,6 +1,7 @@
 package domain_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -31,7 +32,12 @@ func ExampleApply() {
 		ResourceClaims: []kubevirtv1.VirtualMachineInstanceResourceClaim{{Name: "net", ResourceClaimTemplateName: &tmpl}},
 	}}
 	in := []byte("<domain type=\"kvm\">\n\t<name>vms_vm-a</name>\n\t<devices>\n\t\t<emulator>/usr/libexec/qemu-kvm</emulator>\n\t</devices>\n</domain>\n")
-	out, err := domain.Apply(in, kubevirtvmi.View(vmi), "vfnet", fixedReader{})
+	ifaces, err := kubevirtvmi.View(vmi).BindingInterfaces("vfnet")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	out, err := domain.Apply(context.Background(), in, ifaces, fixedReader{}, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

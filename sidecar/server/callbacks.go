@@ -60,7 +60,7 @@ func (c *Callbacks) OnDefineDomain(ctx context.Context, p *v1alpha3.OnDefineDoma
 	var out []byte
 	if err == nil {
 		logMigratability(logger, ifaces, target)
-		out, err = domain.ApplyInterfacesCached(ctx, p.GetDomainXML(), ifaces, c.Reader, c.Hostdevs)
+		out, err = domain.Apply(ctx, p.GetDomainXML(), ifaces, c.Reader, c.Hostdevs)
 	}
 	if err != nil {
 		if target {

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
@@ -151,10 +150,15 @@ func TestVMDDomainVFEveryStep(t *testing.T) {
 	// sidecar: the domain-0000 VF becomes the hostdev; the VMD one fails
 	// the VM's define with the interface, the attribute and the rule.
 	domainXML := sidecartest.ReadFile(t, filepath.Join("..", "..", "sidecar", "domain", "testdata", "q35.xml"))
-	vmiFor := func(claimName string) *kubevirtv1.VirtualMachineInstance {
-		return sidecartest.NewVMI().VFNet("dra-net", "net", "vf", nil).Direct("net", claimName).Build()
+	sidecar := func(claimName string) ([]byte, error) {
+		vmi := sidecartest.NewVMI().VFNet("dra-net", "net", "vf", nil).Direct("net", claimName).Build()
+		ifaces, err := kubevirtvmi.View(vmi).BindingInterfaces(sidecartest.Binding)
+		if err != nil {
+			return nil, err
+		}
+		return domain.Apply(t.Context(), domainXML, ifaces, metadata.FileReader{Root: root}, nil)
 	}
-	out, err := domain.Apply(domainXML, kubevirtvmi.View(vmiFor(good.Name)), sidecartest.Binding, metadata.FileReader{Root: root})
+	out, err := sidecar(good.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +166,7 @@ func TestVMDDomainVFEveryStep(t *testing.T) {
 	if sidecarSource.String() != okVF {
 		t.Fatalf("sidecar hostdev source %s, want %s", sidecarSource, okVF)
 	}
-	_, err = domain.Apply(domainXML, kubevirtvmi.View(vmiFor(bad.Name)), sidecartest.Binding, metadata.FileReader{Root: root})
+	_, err = sidecar(bad.Name)
 	if !errors.Is(err, pciaddr.ErrDomain) || !strings.Contains(err.Error(), `interface "dra-net"`) || !strings.Contains(err.Error(), vmdVF) {
 		t.Fatalf("sidecar with %s: err = %v, want ErrDomain naming the interface and the VF", vmdVF, err)
 	}
