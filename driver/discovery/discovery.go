@@ -423,9 +423,9 @@ func pfSummary(pfs []sysfs.PF) string {
 // what prepare hands to KEP-5304 device metadata.
 func (d Device) Attributes() map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	// At most 14 attributes: a Go map holds 14 entries in 16 slots and
-	// doubles to 32 for the 15th, which costs the driver ~2 MiB per copy of
-	// 1024 devices (the resourceslice controller keeps two) and the API
-	// server CPU per attribute (BENCHMARKS.md). TestBuildMixedHost checks a
+	// doubles to 32 for the 15th, which costs the driver memory for each
+	// copy of the devices (the resourceslice controller keeps two) and the
+	// API server CPU per attribute (BENCHMARKS.md: driver-attributes). TestBuildMixedHost checks a
 	// device with every optional attribute against maxAttributes.
 	attrs := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, maxAttributes)
 	// Same name and value as deviceattribute.GetPCIBusIDAttribute (a test

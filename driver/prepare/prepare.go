@@ -615,7 +615,8 @@ func (s *State) pfNetDev(ctx context.Context, d checkpoint.Device) string {
 }
 
 // locate finds the VF a device name stands for by reading just that VF and
-// its PF (a full discovery pass costs ~100ms on a host with 1024 VFs).
+// its PF: a full discovery pass reads every function of the host
+// (BENCHMARKS.md: sysfs-discover), once per prepare.
 func (s *State) locate(device string) (vfRef, error) {
 	a, err := pciaddr.ParseDeviceName(device)
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package hooksapi_test pins the wire names and field numbers of vfnet's own
 // hooks protobuf definitions to what KubeVirt's virt-launcher sends and
-// expects (contract.md section 3). A rename or renumbering in the .proto files
+// expects (sidecar/README.md, "Behaviour"). A rename or renumbering in the .proto files
 // breaks compatibility silently on the wire; this test makes it loud.
 package hooksapi_test
 

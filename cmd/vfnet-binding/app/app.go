@@ -24,8 +24,7 @@ const BindingNameEnv = "NETWORK_BINDING_PLUGIN_NAME"
 // sidecar keeps well under 1 MiB live heap and answers a few calls per VM
 // start; with Go's default of 100 the heap grows to its 4 MiB minimum goal
 // before the first collection and the process keeps those pages. 50 halves
-// that minimum, which measured about 2 MiB less RSS after 1000 calls for
-// roughly 10% more CPU per call.
+// that minimum, for a little more CPU per call (BENCHMARKS.md: binding-gogc).
 const DefaultGCPercent = 50
 
 // GCPercent returns the GC percent vfnet-binding should set:

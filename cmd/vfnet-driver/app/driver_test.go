@@ -240,15 +240,13 @@ func TestDriverOnAPIServer(t *testing.T) {
 	t.Logf("idle %s holding 1024 VFs, %s after the last publish: VmRSS %.1f MiB = RssAnon %.1f MiB (heap, stacks) + RssFile %.1f MiB (binary pages)",
 		name, idle, float64(st["VmRSS"])/1024, float64(st["RssAnon"])/1024, float64(st["RssFile"])/1024)
 	t.Log(memoryBreakdown(t, cmd.Process.Pid, "http://"+healthAddr+"/metrics"))
-	// The goal is < 40 MiB in all; see BENCHMARKS.md for the figures. The
-	// file-backed part (~26 MiB) is the binary's code, pclntab and rodata
-	// touched at init and while serving, each fault mapping up to 64 KiB of
-	// page cache around it: nearly all of the binary except parts of the
-	// k8s.io/api types every client-go program links (a do-nothing program
-	// that links client-go and kubeletplugin maps ~18 MiB). The
-	// anonymous part (~23 MiB at GOGC=10) is mostly the ~13 MiB live heap,
-	// which is the resourceslice controller's copies of the 1024 devices.
-	// Only the part the driver controls is asserted.
+	// The goal is < 40 MiB in all (BENCHMARKS.md: driver-idle-rss). The
+	// file-backed part is the binary's code, pclntab and rodata touched at
+	// init and while serving, each fault mapping up to 64 KiB of page cache
+	// around it: nearly all of the binary except parts of the k8s.io/api
+	// types every client-go program links. The anonymous part is mostly the
+	// live heap, which is the resourceslice controller's copies of the 1024
+	// devices. Only the part the driver controls is asserted.
 	if st["RssAnon"] > 40*1024 {
 		t.Errorf("idle anonymous RSS %.1f MiB, goal < 40 MiB", float64(st["RssAnon"])/1024)
 	}

@@ -51,8 +51,8 @@
 // Discover first lists bus/pci/devices and the PFs' virtfn links (in
 // address order a PF precedes its VFs, so VF entries are not probed), then
 // reads the PFs and VFs on GOMAXPROCS goroutines, each function through one
-// O_PATH directory descriptor. 4 PFs x 256 VFs take about 33 ms of CPU
-// (~19 syscalls per VF; BenchmarkDiscoverLargeHost).
+// O_PATH directory descriptor (BenchmarkDiscoverLargeHost; BENCHMARKS.md:
+// sysfs-discover).
 //
 // Bad or partial sysfs (dangling links, unreadable or garbage files) skips
 // only the affected function with a log line naming the path, and

@@ -20,7 +20,7 @@ import (
 const VFIOMemlockOverhead = 1 << 30
 
 // MemlockRaiser makes sure QEMU may lock enough memory for VFIO. KubeVirt's
-// uid-107 session daemon cannot raise QEMU's limit itself (contract §8).
+// uid-107 session daemon cannot raise QEMU's limit itself (docs/migration.md).
 type MemlockRaiser interface {
 	// EnsureMemlock raises RLIMIT_MEMLOCK of the QEMU process running
 	// domain in the pod whose libvirt-runtime dir is runtimeDir to at least

@@ -26,7 +26,7 @@ type ifaceOpt struct {
 	binding        string
 }
 
-// newVMI builds a VMI the way a VM author writes one for vfnet (contract §1).
+// newVMI builds a VMI the way a VM author writes one for vfnet (docs/vms.md).
 func newVMI(name string, uid types.UID, node string, opts ...ifaceOpt) *kubevirtv1.VirtualMachineInstance {
 	vmi := &kubevirtv1.VirtualMachineInstance{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachineInstance"},

@@ -1,5 +1,6 @@
 // Package hostdev builds the libvirt <hostdev> of a VFIO VF exactly as
-// KubeVirt writes an SR-IOV interface (contract §4), so the binding sidecar
+// KubeVirt writes an SR-IOV interface (kubevirt.io/kubevirt v1.9.0
+// pkg/virt-launcher/virtwrap/device/hostdevice/sriov/hostdev.go), so the binding sidecar
 // (at VM start) and the migration attacher (after live migration) plug the
 // same device.
 package hostdev

@@ -8,10 +8,10 @@
 // pod, and importing kubevirt.io/api/core/v1 links apimachinery's
 // runtime.Scheme, whose reflect.Value.MethodByName turns off the linker's
 // removal of unused methods for every API type in the program. That doubles
-// the sidecar's code (text+rodata 16.4 MB instead of 7 MB) and with it the
-// resident memory of each VM pod. The driver keeps using kubevirt.io/api
-// (test/lib/kubevirtvmi converts), and TestViewMatchesKubeVirtAPI pins these
-// types to kubevirt.io/api's JSON.
+// the sidecar's code and with it the resident memory of each VM pod
+// (BENCHMARKS.md: binding-vmiview). The driver reads VMIs as these types
+// too; test/lib/kubevirtvmi converts kubevirt.io/api's for the tests, and
+// TestViewMatchesKubeVirtAPI pins these types to kubevirt.io/api's JSON.
 package vmiview
 
 import (

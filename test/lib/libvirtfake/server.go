@@ -260,7 +260,7 @@ func (s *Server) call(h header, d *dec, opened *bool) ([]byte, *libvirt.Error) {
 		s.mu.Lock()
 		s.uris = append(s.uris, u)
 		s.mu.Unlock()
-		// A session daemon serves only the session URI (contract §8).
+		// A session daemon serves only the session URI (docs/migration.md).
 		if u != string(libvirt.QEMUSession) {
 			return nil, &libvirt.Error{Code: uint32(libvirt.ErrNoConnect),
 				Message: fmt.Sprintf("unsupported configuration: cannot open %q on a session daemon, try qemu:///session", u)}

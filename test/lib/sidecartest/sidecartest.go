@@ -107,7 +107,7 @@ func WriteVF(t testing.TB, root, podClaim, request, bdf, mac string) {
 }
 
 // KubeVirtEmpties are the empty SMBIOS elements KubeVirt v1.9.0 always
-// writes and libvirt's own schema rejects (contract.md section 3). They are
+// writes and libvirt's own schema rejects (sidecar/README.md). They are
 // removed from input and output alike before virt-xml-validate; vfnet
 // neither adds nor touches them.
 var KubeVirtEmpties = regexp.MustCompile(`\s*<(bios|baseBoard|chassis)(></(bios|baseBoard|chassis)>|/>)`)

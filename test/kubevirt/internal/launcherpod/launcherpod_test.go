@@ -67,7 +67,7 @@ func env(c *k8sv1.Container, name string) string {
 
 // TestProductCRPatchShapesLauncherPod renders, with virt-controller's own
 // code, the launcher pod of the product's example VM under the product's
-// KubeVirt CR patch, and checks what contract §2 says the pod carries.
+// KubeVirt CR patch, and checks what the pod carries (manifests/kubevirt/README.md).
 func TestProductCRPatchShapesLauncherPod(t *testing.T) {
 	t.Parallel()
 	cfg, vm, binding := productInputs(t)
@@ -121,7 +121,7 @@ func TestProductCRPatchShapesLauncherPod(t *testing.T) {
 	// kubevirt PR 18741, v1.10): the metadata is not mounted there, which is
 	// why vfnet-binding's error for a missing metadata directory says so.
 	if len(sidecar.Resources.Claims) != 0 {
-		t.Errorf("v1.9.0 now gives the sidecar claims %+v: update contract §2 and the binding's error text", sidecar.Resources.Claims)
+		t.Errorf("v1.9.0 now gives the sidecar claims %+v: update manifests/kubevirt/README.md, docs/install.md and the binding's error text", sidecar.Resources.Claims)
 	}
 
 	// The patch's computeResourceOverhead lands on the compute container.

@@ -163,7 +163,7 @@ func ClusterConfig(kv *v1.KubeVirt, extraGates ...string) (*v1.KubeVirtConfigura
 	return cfg, added
 }
 
-// RequiredGates are the feature gates a vfnet VM needs (contract §1):
+// RequiredGates are the feature gates a vfnet VM needs (docs/install.md):
 // DRA networks, and memLock: Required for VFIO locked memory.
 var RequiredGates = []string{featuregate.NetworkDevicesWithDRAGate, featuregate.ReservedOverheadMemlock}
 
@@ -184,7 +184,7 @@ func ValidateVMI(vmi *v1.VirtualMachineInstance, cfg *v1.KubeVirtConfiguration) 
 // not look at binding registrations), that every binding plugin the VM's
 // interfaces name is registered in cfg with a sidecar image and a compute
 // resource overhead: without them virt-controller cannot render the pod, or
-// the VF's locked memory is not accounted for (contract §1).
+// the VF's locked memory is not accounted for (docs/install.md).
 func BindingRegistration(spec *v1.VirtualMachineInstanceSpec, cfg *v1.KubeVirtConfiguration) []string {
 	var problems []string
 	for _, iface := range spec.Domain.Devices.Interfaces {
