@@ -192,18 +192,7 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	if err := os.Chmod(filepath.Join(tmp, "xdg"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for file, line := range map[string]string{
-		"passwd": fmt.Sprintf("qemu:x:%d:%d:qemu:%s:/usr/sbin/nologin\n", launcherUID, launcherUID, filepath.Join(tmp, "home")),
-		"group":  fmt.Sprintf("qemu:x:%d:\n", launcherUID),
-	} {
-		host, err := os.ReadFile(filepath.Join("/etc", file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(tmp, file), append(host, line...), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeLauncherAccounts(t, tmp)
 
 	env := append(os.Environ(),
 		"T="+tmp, "REPO="+root, "LAUNCHER="+launcher, "BINDING="+bin,
@@ -565,4 +554,23 @@ func writeQEMUConf(tmp string) error {
 		}
 	}
 	return nil
+}
+
+// writeLauncherAccounts writes passwd and group files into tmp: the host's
+// entries plus the launcher's qemu user (uid and gid 107, home tmp/home), as
+// a launcher image has them, for the mount namespace the test runs in.
+func writeLauncherAccounts(t *testing.T, tmp string) {
+	t.Helper()
+	for file, line := range map[string]string{
+		"passwd": fmt.Sprintf("qemu:x:%d:%d:qemu:%s:/usr/sbin/nologin\n", launcherUID, launcherUID, filepath.Join(tmp, "home")),
+		"group":  fmt.Sprintf("qemu:x:%d:\n", launcherUID),
+	} {
+		host, err := os.ReadFile(filepath.Join("/etc", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tmp, file), append(host, line...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -122,18 +122,7 @@ func TestLibvirtPassesVMDDomainToQEMU(t *testing.T) {
 	if err := os.Chmod(filepath.Join(tmp, "xdg"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for file, line := range map[string]string{
-		"passwd": fmt.Sprintf("qemu:x:%d:%d:qemu:%s:/usr/sbin/nologin\n", launcherUID, launcherUID, filepath.Join(tmp, "home")),
-		"group":  fmt.Sprintf("qemu:x:%d:\n", launcherUID),
-	} {
-		host, err := os.ReadFile(filepath.Join("/etc", file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(tmp, file), append(host, line...), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeLauncherAccounts(t, tmp)
 	if err := os.WriteFile(filepath.Join(tmp, "vmd.xml"), fmt.Appendf(nil, vmdHostdevDomain, "vmd-hostdev", "0x10000"), 0o644); err != nil {
 		t.Fatal(err)
 	}
