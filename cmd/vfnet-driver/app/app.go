@@ -267,16 +267,13 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	}
 	defer klog.Flush()
 	if _, set := os.LookupEnv("GOGC"); !set {
-		// The idle driver's live heap is about 11 MiB with 1024 VFs, most
-		// of it two copies of the devices (the resourceslice controller's
-		// desired slices and its informer cache, ~3 MiB each at 14
-		// attributes a device); GOGC=100 lets the heap reach twice that
-		// between cycles. Measured idle RssAnon against a real API server
-		// (4 x 256 simulated VFs, default 30 s rescan, 120 s idle; see
-		// BENCHMARKS.md): 25.2 MiB and 1.4% of a core at GOGC=25, 22.1 MiB
-		// and 1.7% at GOGC=10. A rescan allocates ~10 MiB (sysfs reads and
-		// the device model), a collection of this heap costs ~10 ms of
-		// CPU: the 3 MiB are worth the extra ~0.3% of a core. A soft memory
+		// The live heap is mostly two copies of the devices (the
+		// resourceslice controller's desired slices and its informer
+		// cache), which Go's default GOGC=100 lets grow to twice that
+		// between cycles. Since the driver rescans only on host events an
+		// idle driver allocates almost nothing, so the low target costs
+		// little CPU at rest and keeps each burst's garbage from staying
+		// resident (BENCHMARKS.md: driver-gogc, peers-idle). A soft memory
 		// limit (GOMEMLIMIT) is not set by default: unlike a percentage it
 		// does not scale with the host, and a node whose live heap
 		// outgrows it would collect continuously (up to the runtime's 50%
