@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -140,10 +141,10 @@ type Driver struct {
 	plugin *plugin.Plugin
 	// lastScan is when the host was last read successfully (Unix ns).
 	lastScan atomic.Int64
-	// pfNetdevs are the PF netdev names the last scan saw, whose link
-	// notifications matter.
-	pfNetdevs atomic.Pointer[map[string]bool]
-	started   chan struct{}
+	// seen is the host as the last scan saw it, to tell which PF an
+	// event is about.
+	seen    atomic.Pointer[hostModel]
+	started chan struct{}
 }
 
 // New checks cfg (Validate). Nothing runs and nothing is read from the
@@ -316,9 +317,7 @@ func (d *Driver) runEvents(ctx context.Context) {
 	for _, src := range sources {
 		wg.Go(func() { runSource(ctx, src, events, d.cfg.ResyncInterval) })
 	}
-	hostevents.Coalesce(ctx, events, eventQuiet, eventMaxDelay, func(batch []hostevents.Event) {
-		d.loop.TriggerFor("host events: " + hostevents.Summary(batch))
-	})
+	hostevents.Coalesce(ctx, events, eventQuiet, eventMaxDelay, func(batch []hostevents.Event) { d.rescanFor(ctx, batch) })
 }
 
 // runSource runs src until ctx ends, restarting it after a failure.
@@ -365,25 +364,99 @@ func (d *Driver) republishForHealth() { d.loop.TriggerFor("PF health changed") }
 // waited for the claim just unprepared.
 func (d *Driver) republishAfterUnprepare() { d.loop.TriggerFor("claim unprepared") }
 
+// hostModel maps what host events name to the PF they concern.
+type hostModel struct {
+	fnPF     map[string]string // PF or VF address -> PF address
+	netdevPF map[string]string // PF uplink netdev -> PF address
+}
+
 // scannedHost sees every successful scan of the publish loop.
 func (d *Driver) scannedHost(pfs []sysfs.PF, res discovery.Result) {
-	names := make(map[string]bool, len(pfs))
+	m := &hostModel{fnPF: map[string]string{}, netdevPF: map[string]string{}}
 	for _, pf := range pfs {
-		if pf.NetDev != "" {
-			names[pf.NetDev] = true
+		m.fnPF[pf.Address] = pf.Address
+		for _, vf := range pf.VFs {
+			m.fnPF[vf.Address] = pf.Address
+		}
+		if up := pf.Uplink(); up != "" {
+			m.netdevPF[up] = pf.Address
 		}
 	}
-	d.pfNetdevs.Store(&names)
+	d.seen.Store(m)
 	d.monitor.Observe(pfs, res.Devices)
 }
 
 // watchLink says whether a netdev's link notifications matter: it is a PF
 // the last scan saw.
 func (d *Driver) watchLink(netdev string) bool {
-	if m := d.pfNetdevs.Load(); m != nil {
-		return (*m)[netdev]
+	if m := d.seen.Load(); m != nil {
+		_, ok := m.netdevPF[netdev]
+		return ok
 	}
 	return false
+}
+
+// rescanFor asks the publish loop to reread what a burst of host events
+// concerns: the PFs they name (a PF, one of its VFs, a netdev of either),
+// or the whole host for what cannot be placed (the configuration file, a
+// lost event, a function that is gone and was never seen). Events about
+// virtual netdevs and about PCI devices that are not SR-IOV cost nothing.
+func (d *Driver) rescanFor(ctx context.Context, batch []hostevents.Event) {
+	cause := "host events: " + hostevents.Summary(batch)
+	m := d.seen.Load()
+	if m == nil {
+		d.loop.TriggerFor(cause)
+		return
+	}
+	pfs := map[string]bool{}
+	for _, e := range batch {
+		var pf string
+		var place bool
+		switch {
+		case e.Kind == hostevents.Uevent && e.Subsystem == "pci":
+			pf, place = d.pfOfFunction(m, e.Device)
+		case e.Kind == hostevents.Uevent && e.Subsystem == "net":
+			if e.Function == "" {
+				continue // a virtual netdev: no PF
+			}
+			pf, place = d.pfOfFunction(m, e.Function)
+		case e.Kind == hostevents.Link:
+			pf, place = m.netdevPF[e.Device]
+		}
+		if !place {
+			d.loop.TriggerFor(cause)
+			return
+		}
+		if pf != "" {
+			pfs[pf] = true
+		}
+	}
+	if len(pfs) == 0 {
+		klog.FromContext(ctx).V(4).Info("Host events about no SR-IOV function", "events", hostevents.Summary(batch))
+		return
+	}
+	addrs := make([]string, 0, len(pfs))
+	for pf := range pfs {
+		addrs = append(addrs, pf)
+	}
+	d.loop.TriggerPFs(cause, addrs)
+}
+
+// pfOfFunction is the PF of the PCI function bdf: from the last scan, or
+// from sysfs for a function that came since. place is false when that
+// cannot tell (the function is gone and was never seen); pf is "" for a
+// function that is not SR-IOV.
+func (d *Driver) pfOfFunction(m *hostModel, bdf string) (pf string, place bool) {
+	if pf, ok := m.fnPF[bdf]; ok {
+		return pf, true
+	}
+	if pf, ok := d.cfg.Host.Sysfs.PFOf(bdf); ok {
+		return pf, true
+	}
+	if _, err := os.Stat(d.cfg.Host.Sysfs.Path(sysfs.PCIDevicesDir + "/" + bdf)); err == nil {
+		return "", true // there, and neither a PF nor a VF
+	}
+	return "", false
 }
 
 // publishedDevices is what the last publish offered (nil before it): the

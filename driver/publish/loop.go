@@ -29,6 +29,13 @@ type Discoverer interface {
 	Discover(ctx context.Context) ([]sysfs.PF, error)
 }
 
+// PFDiscoverer is a Discoverer that can also re-read one PF, so a host
+// event that names a PF or one of its VFs costs a read of that PF only
+// (sysfs.Host in production). PFOf maps a PCI function to its PF.
+type PFDiscoverer interface {
+	DiscoverPF(ctx context.Context, bdf string) (pf sysfs.PF, ok bool, err error)
+}
+
 // Publisher publishes ResourceSlices (kubeletplugin.Helper in production).
 type Publisher interface {
 	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
@@ -103,9 +110,16 @@ type Loop struct {
 	changing  Taints // VF count change taints of published, guarded by pubMu
 	didPub    bool
 	kick      chan struct{}
-	// causes of the rescan Run owes (TriggerFor), guarded by causeMu.
-	causeMu   sync.Mutex
-	causes    []string
+	// causes of the rescan Run owes, and its scope: the PFs TriggerPFs
+	// named, or all (TriggerFor); guarded by causeMu.
+	causeMu sync.Mutex
+	causes  []string
+	wantPFs map[string]bool
+	wantAll bool
+	// lastPFs is the host as the last scan read it; only, when not nil,
+	// the PFs the scan in progress re-reads (both guarded by mu).
+	lastPFs   []sysfs.PF
+	only      []string
 	lastWhy   string
 	lastSkip  []discovery.Skipped
 	lastCfgEr string
@@ -122,10 +136,32 @@ func NewLoop(opts LoopOptions) *Loop {
 // TriggerFor asks Run for a rescan now, for cause (a host event, a PF's
 // health changed, an unprepare freed a VF); it never blocks. Triggers that
 // arrive before Run gets to them make one rescan, logged with every cause.
-func (l *Loop) TriggerFor(cause string) {
+func (l *Loop) TriggerFor(cause string) { l.trigger(cause, nil) }
+
+// TriggerPFs asks Run for a rescan of the PFs at the addresses pfs only:
+// a host event named them or their VFs. A full rescan asked meanwhile
+// wins.
+func (l *Loop) TriggerPFs(cause string, pfs []string) {
+	if len(pfs) == 0 {
+		pfs = []string{} // nothing named: still only the PFs, none of them
+	}
+	l.trigger(cause, pfs)
+}
+
+func (l *Loop) trigger(cause string, pfs []string) {
 	l.causeMu.Lock()
 	if len(l.causes) < maxCauses {
 		l.causes = append(l.causes, cause)
+	}
+	if pfs == nil {
+		l.wantAll = true
+	} else {
+		if l.wantPFs == nil {
+			l.wantPFs = map[string]bool{}
+		}
+		for _, pf := range pfs {
+			l.wantPFs[pf] = true
+		}
 	}
 	l.causeMu.Unlock()
 	select {
@@ -137,12 +173,32 @@ func (l *Loop) TriggerFor(cause string) {
 // maxCauses bounds the causes one rescan logs.
 const maxCauses = 8
 
-func (l *Loop) takeCauses() []string {
+// takeCauses returns the causes of the rescan owed and its scope: nil for
+// every PF, else the PFs to re-read.
+func (l *Loop) takeCauses() ([]string, []string) {
 	l.causeMu.Lock()
 	defer l.causeMu.Unlock()
-	c := l.causes
-	l.causes = nil
-	return c
+	c, all, want := l.causes, l.wantAll, l.wantPFs
+	l.causes, l.wantAll, l.wantPFs = nil, false, nil
+	if all || want == nil {
+		return c, nil
+	}
+	pfs := make([]string, 0, len(want))
+	for pf := range want {
+		pfs = append(pfs, pf)
+	}
+	slices.Sort(pfs)
+	return c, pfs
+}
+
+// ScanPFs is Scan re-reading only the PFs at the addresses pfs (and
+// keeping the rest of the host as the last scan read it). Without an
+// earlier scan, or a Discoverer that can read one PF, it is Scan.
+func (l *Loop) ScanPFs(ctx context.Context, pfs []string) (bool, error) {
+	l.mu.Lock()
+	l.only = pfs
+	l.mu.Unlock()
+	return l.Scan(ctx)
 }
 
 // Scan runs one discovery pass and publishes if anything changed. It
@@ -154,6 +210,7 @@ func (l *Loop) Scan(ctx context.Context) (bool, error) {
 	defer l.mu.Unlock()
 	handed := l.changing // the count taints earlier passes handed over
 	published, plans, err := l.scan(ctx)
+	l.only = nil // a second pass below reads every PF
 	if err != nil || l.opts.VFCount == nil {
 		return published, err
 	}
@@ -193,10 +250,11 @@ func (l *Loop) scan(ctx context.Context) (bool, []vfcount.Plan, error) {
 		// one that is noise every rescan interval (-v=2 shows it).
 		dctx = klog.NewContext(ctx, logger.V(2))
 	}
-	pfs, err := l.opts.Discoverer.Discover(dctx)
+	pfs, err := l.discover(dctx)
 	if err != nil {
 		return false, nil, fmt.Errorf("discover SR-IOV devices: %w", err)
 	}
+	l.lastPFs = pfs
 	dopts := discovery.Options{Owned: l.opts.Owned, Holders: l.opts.Holders, Resolve: l.opts.Resolve}
 	if l.opts.NoIOMMUMode != nil {
 		dopts.NoIOMMUMode = l.opts.NoIOMMUMode()
@@ -253,6 +311,45 @@ func (l *Loop) scan(ctx context.Context) (bool, []vfcount.Plan, error) {
 	return true, plans, nil
 }
 
+// discover reads the host: every PF, or with l.only set and a last scan
+// to start from, only those (a PF that fails to read makes it read all).
+func (l *Loop) discover(ctx context.Context) ([]sysfs.PF, error) {
+	one, ok := l.opts.Discoverer.(PFDiscoverer)
+	if l.only == nil || l.lastPFs == nil || !ok {
+		return l.opts.Discoverer.Discover(ctx)
+	}
+	fresh := map[string]sysfs.PF{}
+	gone := map[string]bool{}
+	for _, bdf := range l.only {
+		pf, present, err := one.DiscoverPF(ctx, bdf)
+		if err != nil {
+			klog.FromContext(ctx).Info("Rereading one PF failed, rereading the host", "pf", bdf, "err", err)
+			return l.opts.Discoverer.Discover(ctx)
+		}
+		if present {
+			fresh[bdf] = pf
+		} else {
+			gone[bdf] = true
+		}
+	}
+	out := make([]sysfs.PF, 0, len(l.lastPFs)+len(fresh))
+	for _, pf := range l.lastPFs {
+		if gone[pf.Address] {
+			continue
+		}
+		if f, ok := fresh[pf.Address]; ok {
+			pf = f
+			delete(fresh, pf.Address)
+		}
+		out = append(out, pf)
+	}
+	for _, pf := range fresh { // a PF that was not there before
+		out = append(out, pf)
+	}
+	slices.SortFunc(out, func(a, b sysfs.PF) int { return strings.Compare(a.Address, b.Address) })
+	return out, nil
+}
+
 // Run rescans when TriggerFor asks, and every resync interval as the safety
 // net for a missed event, until ctx ends. Every rescan logs its cause.
 // Errors are logged, never fatal: a transient sysfs or API problem must not
@@ -265,6 +362,7 @@ func (l *Loop) Run(ctx context.Context, resync time.Duration) {
 			wait, why = p, "VF count change pending"
 		}
 		t := time.NewTimer(wait)
+		var only []string
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -272,13 +370,21 @@ func (l *Loop) Run(ctx context.Context, resync time.Duration) {
 		case <-t.C:
 		case <-l.kick:
 			t.Stop()
-			if c := l.takeCauses(); len(c) > 0 {
+			var c []string
+			if c, only = l.takeCauses(); len(c) > 0 {
 				why = strings.Join(c, "; ")
 			}
 		}
 		slog := logger.WithValues("cause", why)
-		slog.V(2).Info("Rescan")
-		if _, err := l.Scan(klog.NewContext(ctx, slog)); err != nil && !errors.Is(err, context.Canceled) {
+		var err error
+		if only != nil {
+			slog.V(2).Info("Rescan", "pfs", only)
+			_, err = l.ScanPFs(klog.NewContext(ctx, slog), only)
+		} else {
+			slog.V(2).Info("Rescan")
+			_, err = l.Scan(klog.NewContext(ctx, slog))
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
 			slog.Error(err, "Rescan failed, will retry", "resync", resync)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -368,5 +369,98 @@ func TestPoolWithCountChangeTaints(t *testing.T) {
 	}
 	if last := pool.Slices[2].Devices[71]; len(last.Taints) != 0 {
 		t.Fatalf("device %s outside the change has taints %+v", last.Name, last.Taints)
+	}
+}
+
+// onePFDiscoverer can reread one PF, and counts what it was asked.
+type onePFDiscoverer struct {
+	fakeDiscoverer
+	full  int
+	asked []string
+	err   error
+}
+
+func (f *onePFDiscoverer) Discover(ctx context.Context) ([]sysfs.PF, error) {
+	f.full++
+	return f.fakeDiscoverer.Discover(ctx)
+}
+
+func (f *onePFDiscoverer) DiscoverPF(_ context.Context, bdf string) (sysfs.PF, bool, error) {
+	f.asked = append(f.asked, bdf)
+	if f.err != nil {
+		return sysfs.PF{}, false, f.err
+	}
+	for _, pf := range f.pfs {
+		if pf.Address == bdf {
+			return pf, true, nil
+		}
+	}
+	return sysfs.PF{}, false, nil
+}
+
+// TestScanPFsRereadsOnlyThosePFs: a rescan for a host event reads the PFs
+// it named and keeps the rest as last read; a PF gone is dropped; a read
+// that fails falls back to reading the whole host.
+func TestScanPFsRereadsOnlyThosePFs(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	a, b := pfWith("0000:3b:00.0", "ens1", 4), pfWith("0000:5e:00.0", "ens1b", 2)
+	c, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: ens1\n  network: a\n- pfName: ens1b\n  network: b\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	disc := &onePFDiscoverer{fakeDiscoverer: fakeDiscoverer{pfs: []sysfs.PF{a, b}}}
+	pub := &recorder{}
+	var seen []sysfs.PF
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub,
+		LoadConfig: func() (*nodeconfig.Config, error) { return c, nil },
+		OnScan:     func(pfs []sysfs.PF, _ discovery.Result) { seen = pfs }})
+	if _, err := l.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.lastDevices("n"); got != 6 || disc.full != 1 {
+		t.Fatalf("first scan: %d devices, %d full reads; want 6, 1", got, disc.full)
+	}
+	// PF a drops to 1 VF; b changes too, but nothing named it.
+	disc.pfs = []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 1), pfWith("0000:5e:00.0", "ens1b", 3)}
+	if _, err := l.ScanPFs(ctx, []string{"0000:3b:00.0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.lastDevices("n"); got != 3 || disc.full != 1 || !slices.Equal(disc.asked, []string{"0000:3b:00.0"}) {
+		t.Fatalf("rescan of PF a: %d devices, %d full reads, asked %v; want 1+2, no full read, only a", got, disc.full, disc.asked)
+	}
+	// PF b is gone: the host as seen drops it (its VFs stay published,
+	// tainted, as after a full read).
+	disc.pfs = []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 1)}
+	if _, err := l.ScanPFs(ctx, []string{"0000:5e:00.0"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || seen[0].Address != "0000:3b:00.0" || disc.full != 1 {
+		t.Fatalf("PF b gone: host seen %v, %d full reads; want only PF a, no full read", seen, disc.full)
+	}
+	// A PF read fails: the whole host is read.
+	disc.err = errors.New("sysfs entry unreadable")
+	disc.pfs = []sysfs.PF{pfWith("0000:3b:00.0", "ens1", 2)}
+	if _, err := l.ScanPFs(ctx, []string{"0000:3b:00.0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.lastDevices("n"); got != 4 || disc.full != 2 {
+		t.Fatalf("after a failed PF read: %d devices, %d full reads; want 2 of PF a + PF b's 2 tainted, 2", got, disc.full)
+	}
+}
+
+// TestTriggerScope: PF triggers add up; a full trigger wins.
+func TestTriggerScope(t *testing.T) {
+	t.Parallel()
+	l := NewLoop(LoopOptions{})
+	l.TriggerPFs("a", []string{"0000:5e:00.0"})
+	l.TriggerPFs("b", []string{"0000:3b:00.0", "0000:5e:00.0"})
+	if causes, pfs := l.takeCauses(); !slices.Equal(pfs, []string{"0000:3b:00.0", "0000:5e:00.0"}) || len(causes) != 2 {
+		t.Fatalf("takeCauses = %v, %v", causes, pfs)
+	}
+	l.TriggerPFs("a", []string{"0000:5e:00.0"})
+	l.TriggerFor("config")
+	if _, pfs := l.takeCauses(); pfs != nil {
+		t.Fatalf("a full trigger after a PF trigger: scope %v, want every PF (nil)", pfs)
 	}
 }

@@ -26,7 +26,7 @@ func TestDriverFollowsHostEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(),
-		ExtraDriverArgs: []string{"--resync-interval=1h", "--health-interval=1h"}})
+		ExtraDriverArgs: []string{"--resync-interval=1h", "--health-interval=1h", "-v=2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +118,23 @@ func TestDriverFollowsHostEvents(t *testing.T) {
 	for _, c := range causes {
 		if c == "resync" {
 			t.Errorf("a publish was caused by the resync, which is an hour away")
+		}
+	}
+	// The kernel's events name the PF: only it is reread. The file's
+	// change may concern any PF: the whole host is.
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`"Rescan" cause="host events: [^"]*uevent change pci ` + regexp.QuoteMeta(pf0.Address) + `" pfs=\["` + regexp.QuoteMeta(pf0.Address) + `"\]`),
+		regexp.MustCompile(`"Rescan" cause="host events: 1 link: link new enp59s0f0 down" pfs=\["` + regexp.QuoteMeta(pf0.Address) + `"\]`),
+		regexp.MustCompile(`"Rescan" cause="host events: [^"]*config [^"]*"\s*$`),
+	} {
+		found := false
+		for _, line := range strings.Split(log, "\n") {
+			if want.MatchString(line) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no driver log line matching %s", want)
 		}
 	}
 }

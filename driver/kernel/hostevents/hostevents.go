@@ -47,6 +47,10 @@ type Event struct {
 	// Detail is what else the event said (the driver bound, the link's
 	// operational state, the old name of a renamed netdev).
 	Detail string
+	// Function is, for a netdev's uevent, the PCI function the netdev
+	// belongs to (from its DEVPATH); "" for a virtual netdev (a veth,
+	// a bridge), which no PF is.
+	Function string
 }
 
 func (e Event) String() string {

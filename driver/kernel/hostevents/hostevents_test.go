@@ -36,6 +36,8 @@ func TestParseUevent(t *testing.T) {
 			"uevent remove pci 0000:3b:02.1"},
 		{"netdev renamed", uevent("move@/devices/x/net/ens1f0", "ACTION=move", "DEVPATH=/devices/x/net/ens1f0", "SUBSYSTEM=net", "INTERFACE=ens1f0", "DEVPATH_OLD=/devices/x/net/eth0"),
 			"uevent move net ens1f0 was eth0"},
+		{"virtual netdev", uevent("add@/devices/virtual/net/veth1a2b", "ACTION=add", "DEVPATH=/devices/virtual/net/veth1a2b", "SUBSYSTEM=net", "INTERFACE=veth1a2b"),
+			"uevent add net veth1a2b"},
 		{"another subsystem", uevent("add@/devices/virtual/block/loop0", "ACTION=add", "SUBSYSTEM=block"), ""},
 		{"udevd's re-broadcast", append([]byte("libudev\x00\xfe\xed\xca\xfe"), uevent("ACTION=add", "SUBSYSTEM=pci")...), ""},
 		{"no header", uevent("ACTION=add", "SUBSYSTEM=pci"), ""},
@@ -52,6 +54,23 @@ func TestParseUevent(t *testing.T) {
 				t.Errorf("ParseUevent = %q (ok %v), want %q", got, ok, tc.want)
 			}
 		})
+	}
+}
+
+// TestUeventFunction: a PCI netdev's uevent names its function, a virtual
+// one's none.
+func TestUeventFunction(t *testing.T) {
+	t.Parallel()
+	for devpath, want := range map[string]string{
+		"/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/net/ens1f0": "0000:3b:00.0",
+		"/devices/pci0000:3a/0000:3a:00.0/0000:3b:02.1/net/eth7":   "0000:3b:02.1",
+		"/devices/virtual/net/veth1a2b":                            "",
+		"/devices/pci0000:00/0000:00:03.0/virtio0/net/eth0":        "",
+	} {
+		e, ok := hostevents.ParseUevent(uevent("add@"+devpath, "ACTION=add", "DEVPATH="+devpath, "SUBSYSTEM=net", "INTERFACE=x"))
+		if !ok || e.Function != want {
+			t.Errorf("%s: Function %q (ok %v), want %q", devpath, e.Function, ok, want)
+		}
 	}
 }
 

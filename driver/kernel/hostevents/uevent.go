@@ -12,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
 )
 
 // ParseUevent decodes one kobject uevent as the kernel sends it on
@@ -43,6 +45,7 @@ func ParseUevent(msg []byte) (e Event, ok bool) {
 		e.Detail = fields["DRIVER"]
 	case "net":
 		e.Device = fields["INTERFACE"]
+		e.Function = netdevFunction(fields["DEVPATH"])
 		if old := fields["DEVPATH_OLD"]; old != "" {
 			e.Detail = "was " + path.Base(old)
 		}
@@ -53,6 +56,22 @@ func ParseUevent(msg []byte) (e Event, ok bool) {
 		return Event{}, false
 	}
 	return e, true
+}
+
+// netdevFunction is the PCI function in a netdev's DEVPATH
+// (/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/net/ens1f0): the path
+// element before "net", when it is a PCI address.
+func netdevFunction(devpath string) string {
+	parts := strings.Split(devpath, "/")
+	for i := len(parts) - 1; i > 0; i-- {
+		if parts[i] == "net" {
+			if _, err := pciaddr.ParseKernelName(parts[i-1]); err == nil {
+				return parts[i-1]
+			}
+			return ""
+		}
+	}
+	return ""
 }
 
 // uevent socket settings: the kernel's multicast group of kernel uevents,

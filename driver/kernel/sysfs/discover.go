@@ -142,6 +142,54 @@ func (h *Host) DiscoverReport(ctx context.Context) (Report, error) {
 	return Report{PFs: pfs, Skipped: skips.list}, nil
 }
 
+// DiscoverPF re-reads one PF with its VFs, as Discover would return it, for
+// a rescan of what a host event named. ok is false when bdf is no longer an
+// SR-IOV PF (removed, or sriov_totalvfs gone); a PF whose entries are
+// broken is an error naming the path, which the caller answers with a full
+// Discover.
+func (h *Host) DiscoverPF(ctx context.Context, bdf string) (pf PF, ok bool, err error) {
+	s := newScanner(h, klog.FromContext(ctx), &skipList{})
+	devDir := filepath.Join(h.root, PCIDevicesDir)
+	totalPath := filepath.Join(devDir, bdf, "sriov_totalvfs")
+	v, err := readAttr(totalPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return PF{}, false, nil
+	}
+	if err != nil {
+		return PF{}, false, err
+	}
+	total, err := strconv.Atoi(v)
+	if err != nil || total < 0 {
+		return PF{}, false, fmt.Errorf("%s: want a non-negative integer, got %q", totalPath, v)
+	}
+	if total == 0 {
+		return PF{}, false, nil
+	}
+	job, err := s.findVFs(bdf, total)
+	if err != nil {
+		return PF{}, false, fmt.Errorf("%s: %w", filepath.Join(devDir, bdf), err)
+	}
+	pf, err = s.readPF(job)
+	if err != nil {
+		return PF{}, false, fmt.Errorf("%s: %w", filepath.Join(devDir, bdf), err)
+	}
+	return pf, true, nil
+}
+
+// PFOf is the PF of the function bdf: bdf itself when it is an SR-IOV PF,
+// the target of its physfn link when it is a VF; ok is false for anything
+// else (another device, or one already gone).
+func (h *Host) PFOf(bdf string) (pf string, ok bool) {
+	dev := filepath.Join(h.root, PCIDevicesDir, bdf)
+	if t, err := os.Readlink(filepath.Join(dev, "physfn")); err == nil {
+		return filepath.Base(t), true
+	}
+	if _, err := os.Stat(filepath.Join(dev, "sriov_totalvfs")); err == nil {
+		return bdf, true
+	}
+	return "", false
+}
+
 // skipList collects the skips of one discovery pass from all workers.
 type skipList struct {
 	mu   sync.Mutex
