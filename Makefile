@@ -26,7 +26,7 @@ deps: ## install the Debian packages the tiers use (root)
 
 # The control-plane binaries (etcd, kube-apiserver, kube-scheduler,
 # kube-controller-manager, kubectl) built once into $(CACHE)/k8s-bin.
-k8s-bin: ## build the control plane and kubelet into .cache/k8s-bin (about 15 min cold)
+k8s-bin: ## build the control plane and kubelet into .cache/k8s-bin (about 10 min cold)
 	@test/builds/kubernetes/build.sh >/dev/null
 
 # Each build configuration is compiled by one target, which the tiers that
@@ -119,7 +119,7 @@ helm-bin: vet-helm ## build the Helm v4 CLI into .cache/helm-bin
 	@test/helm/build.sh >/dev/null
 
 # containerd, its shim and ctr for the real-node tier, built once into
-# $(CACHE)/node-bin (about 4 CPU-minutes the first time).
+# $(CACHE)/node-bin (about 2 CPU-minutes the first time; BENCHMARKS.md: tiers-cold).
 node-bin: ## build containerd, its shim and ctr into .cache/node-bin
 	@test/builds/containerd/build.sh >/dev/null
 

@@ -3,7 +3,7 @@
 # containerd, containerd-shim-runc-v2 and ctr v2.4.2 from the Go module proxy
 # — into a cache directory keyed by this module's go.sum/go.mod and the Go
 # version, and prints the directory. A warm cache returns at once; a cold
-# build takes about 4 CPU-minutes. runc and the CNI plugins come from Debian
+# build takes about 2 CPU-minutes (BENCHMARKS.md: tiers-cold). runc and the CNI plugins come from Debian
 # (hack/install-deps.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

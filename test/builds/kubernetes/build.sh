@@ -2,7 +2,7 @@
 # Builds the control-plane binaries and the kubelet the end-to-end and
 # real-node tests run, into a cache
 # directory keyed by this module's go.sum and the Go version, and prints the
-# directory. A warm cache returns at once; a cold build takes ~15 minutes on
+# directory. A warm cache returns at once; a cold build takes about 10 minutes on
 # 2 cores.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +32,7 @@ flock 9
 if built; then echo "$out"; exit 0; fi
 mkdir -p "$out.tmp"
 echo ">> building etcd v3.7.0 and Kubernetes v1.37.2 control plane into $out" >&2
-echo ">> first build takes about 15 minutes on 2 cores; later runs reuse the cache" >&2
+echo ">> first build takes about 10 minutes on 2 cores; later runs reuse the cache" >&2
 cd "$here"
 # One go build for all six: the Go scheduler compiles their shared packages
 # once and keeps both cores busy to the end instead of linking one at a time.

@@ -20,7 +20,7 @@ const EnvBinDir = "VFNET_K8S_BIN"
 
 // BinDir finds the control-plane binaries: $VFNET_K8S_BIN when set, else the
 // directory test/builds/kubernetes/build.sh reports for a warm cache. It never starts a
-// cold build (15 minutes) behind a test's back: a missing cache is an error
+// cold build (about 10 minutes) behind a test's back: a missing cache is an error
 // that says how to build it.
 func BinDir(ctx context.Context) (string, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
@@ -39,7 +39,7 @@ func BinDir(ctx context.Context) (string, error) {
 	}
 	dir := strings.TrimSpace(string(out))
 	if err := checkBinaries(dir); err != nil {
-		return "", fmt.Errorf("%w\ncontrol-plane binaries are not built yet: run `%s` (about 15 minutes the first time) or set %s", err, script, EnvBinDir)
+		return "", fmt.Errorf("%w\ncontrol-plane binaries are not built yet: run `%s` (about 10 minutes the first time) or set %s", err, script, EnvBinDir)
 	}
 	return filepath.Clean(dir), nil
 }
