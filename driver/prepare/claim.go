@@ -22,6 +22,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/pcibind"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
+	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 )
 
 // Hook step names (besides pcibind's): the crash tests stop after each.
@@ -47,6 +48,10 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 	if len(results) == 0 {
 		return []kubeletplugin.Device{}, nil
 	}
+	failover, err := s.failoverRequests(claim, results)
+	if err != nil {
+		return nil, at(ErrStepPlan, err)
+	}
 	entry := s.entry(claim.UID)
 	if entry != nil && entry.Phase == checkpoint.PhasePrepared {
 		// Repeated call. The checkpoint says prepared, but the host may
@@ -60,7 +65,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 			return nil, fmt.Errorf("claim %s/%s: verify the prepared devices: %w", claim.Namespace, claim.Name, err)
 		}
 		if len(drift) == 0 {
-			return s.deviceResults(claim.UID, entry), nil
+			return s.deviceResults(claim.UID, entry, failover), nil
 		}
 		logger.Info("Prepared claim no longer matches the host, preparing it again", "drift", drift)
 		entry.Phase = checkpoint.PhasePreparing
@@ -93,7 +98,7 @@ func (s *State) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCla
 		}
 		return nil, fmt.Errorf("prepare claim %s/%s: %w (everything done for the claim was undone)", claim.Namespace, claim.Name, err)
 	}
-	return s.deviceResults(claim.UID, entry), nil
+	return s.deviceResults(claim.UID, entry, failover), nil
 }
 
 // record plans the claim, captures the original state of every VF and
@@ -419,8 +424,32 @@ func explainRate(pfi vflink.PF, cur, want vflink.VFState, err error) error {
 	return vflink.Explain(vflink.SettingMaxTxRate, strconv.Itoa(want.MaxTxRateMbps), pfi, err)
 }
 
-// deviceResults is what the kubelet (and the metadata files) get.
-func (s *State) deviceResults(uid types.UID, entry *checkpoint.Claim) []kubeletplugin.Device {
+// failoverRequests are the requests among results whose merged VFConfig
+// asks for failover. It is read from the claim on every call rather than
+// kept in the checkpoint: the allocation's configs cannot change, and an
+// older driver sharing the checkpoint in a rolling update refuses fields it
+// does not know.
+func (s *State) failoverRequests(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (map[string]bool, error) {
+	var out map[string]bool
+	for _, r := range results {
+		cfg, err := vfConfigForRequest(claim, s.opts.DriverName, r.Request)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", r.Device, err)
+		}
+		if cfg.WantsFailover() {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[r.Request] = true
+		}
+	}
+	return out, nil
+}
+
+// deviceResults is what the kubelet (and the metadata files) get. A device
+// of a request in failover carries metadata.FailoverAttribute, true, which
+// tells the binding sidecar to add the standby interface.
+func (s *State) deviceResults(uid types.UID, entry *checkpoint.Claim, failover map[string]bool) []kubeletplugin.Device {
 	var published []discovery.Device
 	if s.opts.Published != nil {
 		published = s.opts.Published()
@@ -428,6 +457,9 @@ func (s *State) deviceResults(uid types.UID, entry *checkpoint.Claim) []kubeletp
 	out := make([]kubeletplugin.Device, 0, len(entry.Devices))
 	for _, d := range entry.Devices {
 		md := &kubeletplugin.DeviceMetadata{Attributes: s.attributes(d, published)}
+		if failover[d.Request] {
+			md.Attributes[metadata.FailoverAttribute] = resourceapi.DeviceAttribute{BoolValue: new(true)}
+		}
 		if hw := macString(d.Applied.MAC); hw != "" {
 			md.NetworkData = &resourceapi.NetworkDeviceData{HardwareAddress: hw}
 		}

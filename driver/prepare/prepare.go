@@ -550,15 +550,31 @@ func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim,
 			case found && res.MAC != nil:
 				p.mac = res.MAC
 				klog.FromContext(ctx).V(4).Info("Using VM interface MAC", "device", r.Device, "vmi", res.VMI, "interface", res.Interface, "mac", res.MAC)
-			case found && res.FromTemplate:
+			case found && res.FromTemplate && !cfg.WantsFailover():
+				// (A failover request without a MAC is refused below.)
 				// Only a template claim can follow a live migration; a
 				// named claim gets VFNetNotMigratable from the watcher.
 				s.warnMACNotMigratable(ctx, claim, r, res)
 			}
 		}
+		if cfg.WantsFailover() && p.mac == nil {
+			return nil, failoverWithoutMAC(claim, r, s.opts.MACs != nil)
+		}
 		plans = append(plans, p)
 	}
 	return plans, nil
+}
+
+// failoverWithoutMAC is the refusal of a failover request whose VF would
+// keep its own MAC: the guest pairs the standby with the VF by MAC, so the
+// MAC must be the same on the source and the target of a migration.
+func failoverWithoutMAC(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult, lookedUp bool) error {
+	where := "no VM interface MAC lookup is configured"
+	if lookedUp {
+		where = "the VMI interface that uses the claim sets no spec.domain.devices.interfaces[].macAddress (or no VMI uses the claim yet)"
+	}
+	return fmt.Errorf("device %s: claim %s/%s request %q: VFConfig.failover is true but the VF has no fixed MAC: VFConfig.mac is unset and %s; set VFConfig.mac in the claim's (or class's) opaque config or the interface's macAddress, or remove failover: true",
+		r.Device, claim.Namespace, claim.Name, r.Request, where)
 }
 
 // warnMACNotMigratable records, once per VMI and interface in this

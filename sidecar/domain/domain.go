@@ -1,13 +1,15 @@
 // Package domain adds the VFIO hostdevs of vfnet binding interfaces to a
 // libvirt domain XML, the mutation vfnet-binding performs in KubeVirt's
-// OnDefineDomain hook.
+// OnDefineDomain hook. For an interface whose claim asks for failover
+// (metadata.Device.Failover) it also adds the standby virtio interface of
+// the failover pair (pkg/contract/standby) next to the hostdev.
 //
 // libvirtxml models only the elements it knows: a Domain round trip drops
 // unknown elements (and unknown children of known ones) and rewrites
 // namespace prefixes such as KubeVirt's qemu:commandline. So the domain is
 // never re-marshalled as a whole: the document is scanned token by token to
-// find <devices> and its <hostdev> children, and only our hostdevs (built
-// with libvirtxml) are spliced into the original bytes. Everything else in
+// find <devices> and its <hostdev> and <interface> children, and only our
+// elements (built with libvirtxml) are spliced into the original bytes. Everything else in
 // the input is copied byte for byte.
 package domain
 
@@ -19,11 +21,11 @@ import (
 	"sync"
 
 	"k8s.io/klog/v2"
-	"libvirt.org/go/libvirtxml"
 
 	vfhostdev "github.com/vfnet-io/vfnet/pkg/contract/hostdev"
 	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
 	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
+	"github.com/vfnet-io/vfnet/pkg/contract/standby"
 	"github.com/vfnet-io/vfnet/pkg/contract/vmiview"
 )
 
@@ -48,10 +50,12 @@ func (e *InvalidInputError) Unwrap() error { return e.Err }
 
 // Apply returns domainXML with one PCI hostdev for each of ifaces (the
 // VMI's interfaces of the vfnet binding: vmiview.VMI.BindingInterfaces),
-// replacing any hostdev with the same alias that an earlier call wrote.
-// Every other part of the document is left as it is. cache, if not nil,
-// keeps the hostdev XML of earlier calls for reuse. The logger comes from
-// ctx.
+// replacing any hostdev with the same alias that an earlier call wrote,
+// and, right after it, the failover standby <interface> of each interface
+// whose device metadata asks for failover (replacing the one with its
+// alias likewise). Every other part of the document is left as it is.
+// cache, if not nil, keeps the XML of earlier calls for reuse. The logger
+// comes from ctx.
 func Apply(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterface, reader MetadataReader, cache *HostdevCache) ([]byte, error) {
 	// Scan even when no interface uses the binding: the document must be a
 	// domain either way, and returning garbage unchanged would only move
@@ -66,8 +70,9 @@ func Apply(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterfac
 	logger := klog.FromContext(ctx)
 	wanted := make([]hostdev, 0, len(ifaces))
 	sources := make(map[string]string, len(ifaces))
+	taps := map[string]string{}
 	for _, ci := range ifaces {
-		h, err := buildHostdev(logger, ci, reader)
+		h, sb, err := buildHostdev(logger, ci, reader)
 		if err != nil {
 			return nil, err
 		}
@@ -77,8 +82,32 @@ func Apply(ctx context.Context, domainXML []byte, ifaces []vmiview.ClaimInterfac
 		sources[h.source] = ci.Interface.Name
 		wanted = append(wanted, h)
 		logger.V(2).Info("VF hostdev for interface", "interface", ci.Interface.Name, "claim", ci.PodClaimName, "request", ci.RequestName, "pciBusID", h.source)
+		if sb == nil {
+			continue
+		}
+		if other, dup := taps[sb.targetDev]; dup {
+			return nil, fmt.Errorf("%s: its failover standby tap name %s equals that of interface %q (a hash collision of the two names); rename one of the interfaces", describe(ci), sb.targetDev, other)
+		}
+		taps[sb.targetDev] = ci.Interface.Name
+		if err := doc.checkStandbyAlias(*sb); err != nil {
+			return nil, fmt.Errorf("%s: %w", describe(ci), err)
+		}
+		wanted = append(wanted, *sb)
+		logger.V(2).Info("Failover standby interface for interface", "interface", ci.Interface.Name, "alias", sb.alias, "targetDev", sb.targetDev, "mac", sb.key.mac.String())
 	}
 	return doc.splice(domainXML, wanted, cache, doc.keepHotpluggable(logger, wanted))
+}
+
+// checkStandbyAlias refuses to replace an <interface> that carries the
+// standby's alias but not its tap: KubeVirt's own interface for a VMI
+// interface named vfnet-sb-<name>, which a standby must not overwrite.
+func (d *document) checkStandbyAlias(sb hostdev) error {
+	for _, e := range d.interfaces {
+		if e.alias == sb.alias && e.targetDev != sb.targetDev {
+			return fmt.Errorf("the domain already has an <interface> with alias %s on device %q, which is not the failover standby vfnet writes (device %s); a VMI interface named %q collides with the standby's alias: rename it", sb.alias, e.targetDev, sb.targetDev, sb.alias[len("ua-"):])
+		}
+	}
+	return nil
 }
 
 // keepHotpluggable returns the edits that remove hotplug="off" from the
@@ -131,20 +160,48 @@ func describe(ci vmiview.ClaimInterface) string {
 	return fmt.Sprintf("interface %q (claim %q, request %q)", ci.Interface.Name, ci.PodClaimName, ci.RequestName)
 }
 
+// hostdev is one element Apply writes into <devices>: a VF's <hostdev>, or
+// (kind elemInterface) the failover standby <interface>.
 type hostdev struct {
+	kind   string // elemHostdev or elemInterface
 	alias  string
-	source string // PCI address of the VF
-	el     *libvirtxml.DomainHostdev
-	key    specKey
+	source string // PCI address of the VF; "" for a standby
+	// el is *libvirtxml.DomainHostdev or *libvirtxml.DomainInterface.
+	el        any
+	key       specKey
+	targetDev string // the standby's tap
 }
 
-// specKey is a vfhostdev.Spec as a comparable value.
+// kindName is the element's name; a hostdev built without a kind (tests)
+// is a <hostdev>.
+func (h hostdev) kindName() string {
+	if h.kind == "" {
+		return elemHostdev
+	}
+	return h.kind
+}
+
+// The element names Apply writes and replaces.
+const (
+	elemHostdev   = "hostdev"
+	elemInterface = "interface"
+)
+
+// specKey is a vfhostdev.Spec, or a standby.Spec (standby set), as a
+// comparable value.
 type specKey struct {
 	iface             string
 	source, guest     pciaddr.Address
 	hasGuest, hasBoot bool
 	boot              uint
+	standby           bool
+	mac               macKey
 }
+
+// macKey is a 48-bit MAC as a comparable value.
+type macKey [6]byte
+
+func (m macKey) String() string { return net.HardwareAddr(m[:]).String() }
 
 func keyOf(s vfhostdev.Spec) specKey {
 	k := specKey{iface: s.Interface, source: s.Source}
@@ -202,47 +259,71 @@ func (c *HostdevCache) put(k cacheKey, b []byte) {
 	c.m[k] = bytes.Clone(b)
 }
 
-func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader MetadataReader) (hostdev, error) {
+// buildHostdev builds the interface's hostdev and, when its device asks
+// for failover, its standby interface (nil otherwise).
+func buildHostdev(logger klog.Logger, ci vmiview.ClaimInterface, reader MetadataReader) (hostdev, *hostdev, error) {
 	iface := ci.Interface
 	if !validAliasName(iface.Name) {
-		return hostdev{}, fmt.Errorf("%s: the name cannot form a libvirt user alias (%s<name> allows only letters, digits, '-' and '_'); rename the interface", describe(ci), AliasPrefix)
+		return hostdev{}, nil, fmt.Errorf("%s: the name cannot form a libvirt user alias (%s<name> allows only letters, digits, '-' and '_'); rename the interface", describe(ci), AliasPrefix)
 	}
 	dev, err := reader.Read(ci)
 	if err != nil {
-		return hostdev{}, fmt.Errorf("%s: %w", describe(ci), err)
+		return hostdev{}, nil, fmt.Errorf("%s: %w", describe(ci), err)
 	}
 	spec := vfhostdev.Spec{Interface: iface.Name, BootOrder: iface.BootOrder}
 	if spec.Source, err = pciaddr.Parse(dev.PCIBusID); err != nil {
-		return hostdev{}, fmt.Errorf("%s: metadata attribute %s %q: %w; the metadata file is damaged", describe(ci), metadata.PCIBusIDAttribute, dev.PCIBusID, err)
+		return hostdev{}, nil, fmt.Errorf("%s: metadata attribute %s %q: %w; the metadata file is damaged", describe(ci), metadata.PCIBusIDAttribute, dev.PCIBusID, err)
+	}
+	// The VF's MAC: the one the driver reports having set, which equals
+	// the interface's macAddress whenever both are known.
+	var mac net.HardwareAddr
+	if hw := dev.HardwareAddress(); hw != "" {
+		if mac, err = net.ParseMAC(hw); err != nil && dev.Failover {
+			return hostdev{}, nil, fmt.Errorf("%s: metadata networkData.hardwareAddress %q: %w; the metadata file is damaged", describe(ci), hw, err)
+		}
 	}
 	if iface.MacAddress != "" {
 		want, err := net.ParseMAC(iface.MacAddress)
 		if err != nil {
-			return hostdev{}, fmt.Errorf("%s: macAddress %q: %w; fix spec.domain.devices.interfaces[].macAddress", describe(ci), iface.MacAddress, err)
+			return hostdev{}, nil, fmt.Errorf("%s: macAddress %q: %w; fix spec.domain.devices.interfaces[].macAddress", describe(ci), iface.MacAddress, err)
 		}
 		hw := dev.HardwareAddress()
 		if hw == "" {
 			logger.Info("metadata has no networkData.hardwareAddress; cannot verify that the VF carries the interface's macAddress",
 				"interface", iface.Name, "macAddress", iface.MacAddress, "pciBusID", dev.PCIBusID)
+			mac = want
 		} else {
 			got, err := net.ParseMAC(hw)
 			if err != nil || !bytes.Equal(got, want) {
-				return hostdev{}, fmt.Errorf("%s: VF %s carries MAC %q but the interface asks for %s; vfnet-driver sets the VMI's macAddress unless the claim's VFConfig sets another mac: make them agree, then restart the VM", describe(ci), dev.PCIBusID, hw, iface.MacAddress)
+				return hostdev{}, nil, fmt.Errorf("%s: VF %s carries MAC %q but the interface asks for %s; vfnet-driver sets the VMI's macAddress unless the claim's VFConfig sets another mac: make them agree, then restart the VM", describe(ci), dev.PCIBusID, hw, iface.MacAddress)
 			}
 		}
 	}
 	if iface.PciAddress != "" {
 		guest, err := pciaddr.ParseLoose(iface.PciAddress)
 		if err != nil {
-			return hostdev{}, fmt.Errorf("%s: pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", describe(ci), iface.PciAddress, err)
+			return hostdev{}, nil, fmt.Errorf("%s: pciAddress %q: %w; fix spec.domain.devices.interfaces[].pciAddress", describe(ci), iface.PciAddress, err)
 		}
 		spec.Guest = &guest
 	}
-	return hostdev{alias: Alias(iface.Name), source: dev.PCIBusID, el: spec.Element(), key: keyOf(spec)}, nil
+	h := hostdev{kind: elemHostdev, alias: Alias(iface.Name), source: dev.PCIBusID, el: spec.Element(), key: keyOf(spec)}
+	if !dev.Failover {
+		return h, nil, nil
+	}
+	sb := standby.Spec{Interface: iface.Name, MAC: mac}
+	if len(mac) == 0 {
+		return hostdev{}, nil, fmt.Errorf("%s: the claim asks for failover (metadata attribute %s) but the VF's MAC is unknown: the metadata has no networkData.hardwareAddress and the interface no macAddress; the standby must carry the VF's fixed MAC: set spec.domain.devices.interfaces[].macAddress or VFConfig.mac, then restart the VM", describe(ci), metadata.FailoverAttribute)
+	}
+	if err := sb.Check(); err != nil {
+		return hostdev{}, nil, fmt.Errorf("%s: %w", describe(ci), err)
+	}
+	k := specKey{iface: iface.Name, standby: true}
+	copy(k.mac[:], mac)
+	return h, &hostdev{kind: elemInterface, alias: standby.Alias(iface.Name), el: sb.Element(), key: k, targetDev: standby.TargetDev(iface.Name)}, nil
 }
 
-// validAliasName reports whether libvirt accepts ua-sriov-<name> as a user
-// alias; it also keeps the alias free of characters XML would escape, which
+// validAliasName reports whether libvirt accepts ua-sriov-<name> (and the
+// standby's ua-vfnet-sb-<name>) as a user alias; it also keeps the alias free of characters XML would escape, which
 // the by-alias replacement relies on.
 func validAliasName(name string) bool {
 	if name == "" {

@@ -12,6 +12,7 @@ const binding = sidecartest.Binding
 var (
 	newVMI    = sidecartest.NewVMI
 	writeVF   = sidecartest.WriteVF
+	writeFO   = sidecartest.WriteFailoverVF
 	writeAt   = sidecartest.WriteDirect
 	validate  = sidecartest.Validate
 	insertion = sidecartest.Insertion

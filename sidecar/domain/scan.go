@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,17 +24,22 @@ type document struct {
 	childWS       string // whitespace right before the first child of <devices>
 	domainClose   int    // '<' of </domain>
 	hostdevs      []existingHostdev
+	// interfaces are the <interface> children of <devices> with an alias.
+	interfaces []existingHostdev
 	// pciUsers are the children of <devices> with a guest PCI address.
 	pciUsers []pciUser
 	// offPorts are the pcie-root-ports whose <target> has hotplug="off".
 	offPorts []offPort
 }
 
+// existingHostdev is a <hostdev> or <interface> child of <devices>.
 type existingHostdev struct {
+	kind       string // elemHostdev or elemInterface
 	start, end int
 	wsStart    int // start of the whitespace run that precedes the element
 	alias      string
-	guestBus   int // bus of its guest PCI <address>, -1 without one
+	guestBus   int    // bus of its guest PCI <address>, -1 without one
+	targetDev  string // an interface's <target dev>
 }
 
 // pciUser is a device on a guest PCI bus; alias is set for a hostdev.
@@ -139,12 +145,12 @@ func scan(data []byte) (*document, error) {
 				}
 				children++
 				user, port, portIndex = pciUser{bus: -1}, nil, -1
-				if t.Name.Local == "hostdev" && t.Name.Space == "" {
-					cur = &existingHostdev{start: off, wsStart: off, guestBus: -1}
+				if (t.Name.Local == elemHostdev || t.Name.Local == elemInterface) && t.Name.Space == "" {
+					cur = &existingHostdev{kind: t.Name.Local, start: off, wsStart: off, guestBus: -1}
 					if ws.ok {
 						cur.wsStart = ws.start
 					}
-					user.hostdev = true
+					user.hostdev = t.Name.Local == elemHostdev
 				}
 				if t.Name.Local == "controller" && t.Name.Space == "" && attr(t, "type") == "pci" && attr(t, "model") == "pcie-root-port" {
 					portIndex = parseNumber(attr(t, "index"), 10)
@@ -164,6 +170,9 @@ func scan(data []byte) (*document, error) {
 						user.bus = parseNumber(attr(t, "bus"), 0)
 					}
 				case "target":
+					if cur != nil && cur.kind == elemInterface {
+						cur.targetDev = attr(t, "dev")
+					}
 					if portIndex >= 0 && attr(t, "hotplug") == "off" {
 						if s, e, ok := attrSpan(data[off:end], "hotplug"); ok {
 							port = &offPort{index: portIndex, attrStart: off + s, attrEnd: off + e}
@@ -196,7 +205,12 @@ func scan(data []byte) (*document, error) {
 					doc.insertAt = end
 					if cur != nil {
 						cur.end, cur.guestBus = end, user.bus
-						doc.hostdevs = append(doc.hostdevs, *cur)
+						switch {
+						case cur.kind == elemHostdev:
+							doc.hostdevs = append(doc.hostdevs, *cur)
+						case cur.alias != "":
+							doc.interfaces = append(doc.interfaces, *cur)
+						}
 						cur = nil
 					}
 					if user.bus >= 0 {
@@ -331,9 +345,9 @@ func afterNewline(ws string) (string, bool) {
 // address and boot order, so the buffer is allocated once.
 const hostdevSizeHint = 512
 
-// marshaller marshals hostdevs (libvirtxml's MarshalXML) through one
-// xml.Encoder, so a call pays for one encoder and buffer however many
-// hostdevs it writes.
+// marshaller marshals hostdevs and standby interfaces (libvirtxml's
+// MarshalXML) through one xml.Encoder, so a call pays for one encoder and
+// buffer however many elements it writes.
 type marshaller struct {
 	buf    bytes.Buffer
 	enc    *xml.Encoder
@@ -355,14 +369,14 @@ func newMarshaller(unit string, pretty bool) *marshaller {
 func (m *marshaller) marshal(h hostdev, prefix string) ([]byte, error) {
 	start := m.buf.Len()
 	if err := m.enc.Encode(h.el); err != nil {
-		return nil, fmt.Errorf("marshal hostdev %s: %w", h.alias, err)
+		return nil, fmt.Errorf("marshal %s %s: %w", h.kindName(), h.alias, err)
 	}
 	b := m.buf.Bytes()[start:]
 	if !m.pretty {
 		return b, nil
 	}
 	// The encoder starts every top-level element after the first on a new
-	// line. Nothing inside a hostdev holds a raw newline (attribute values
+	// line. Nothing inside our elements holds a raw newline (attribute values
 	// are escaped), so every newline is one the indenter wrote.
 	b = bytes.TrimPrefix(b, []byte{'\n'})
 	if prefix == "" {
@@ -380,9 +394,10 @@ func (m *marshaller) marshal(h hostdev, prefix string) ([]byte, error) {
 	}
 }
 
-// splice writes wanted into data: a hostdev whose alias is already present
-// replaces the first such element in place (later duplicates are removed);
-// the others are appended after the last child of <devices>. The extra
+// splice writes wanted into data: an element whose alias is already
+// present on an element of its kind (<hostdev>, <interface>) replaces the
+// first such element in place (later duplicates are removed); the others
+// are appended after the last child of <devices>, in wanted's order. The extra
 // edits (keepHotpluggable's) are applied with them.
 func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache, extra []edit) ([]byte, error) {
 	closeIndent, pretty := afterNewline(d.closeWS)
@@ -395,9 +410,10 @@ func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache, ex
 		unit = childIndent[len(closeIndent):]
 	}
 
-	byAlias := make(map[string]int, len(wanted))
+	type kindAlias struct{ kind, alias string }
+	byAlias := make(map[kindAlias]int, len(wanted))
 	for i, h := range wanted {
-		byAlias[h.alias] = i
+		byAlias[kindAlias{h.kindName(), h.alias}] = i
 	}
 	placed := make([]bool, len(wanted))
 	var ms [2]*marshaller // compact, indented; made when first needed
@@ -421,8 +437,8 @@ func (d *document) splice(data []byte, wanted []hostdev, cache *HostdevCache, ex
 		return b, err
 	}
 	edits := extra
-	for _, e := range d.hostdevs {
-		i, ours := byAlias[e.alias]
+	for _, e := range slices.Concat(d.hostdevs, d.interfaces) {
+		i, ours := byAlias[kindAlias{e.kind, e.alias}]
 		if !ours {
 			continue
 		}

@@ -66,6 +66,13 @@ type VFConfig struct {
 	LinkState     *string `json:"linkState,omitempty"`
 	MinTxRateMbps *int    `json:"minTxRateMbps,omitempty"`
 	MaxTxRateMbps *int    `json:"maxTxRateMbps,omitempty"`
+	// Failover, when true, asks for a virtio-net failover pair: the binding
+	// sidecar adds a standby virtio interface with the VF's MAC and
+	// <teaming type='persistent'/> next to the VF. It needs a fixed MAC
+	// (mac here or the VM interface's macAddress); prepare refuses the
+	// claim without one. Opt-in and incomplete: see docs/migration.md,
+	// "Failover (opt-in)".
+	Failover *bool `json:"failover,omitempty"`
 }
 
 // Decode parses one opaque config strictly: unknown fields, a wrong
@@ -80,7 +87,7 @@ func Decode(raw []byte) (*VFConfig, error) {
 			// A number beyond int64 (or a fraction) lands here before Validate sees it.
 			return nil, fmt.Errorf("invalid %s: %s: %s is not a whole number of Mbps; allowed 0 (no limit) to %d", Kind, ute.Field, clip.String(ute.Value, maxEcho), uint64(MaxTxRateMbps))
 		}
-		return nil, fmt.Errorf("decode %s %s: %s (allowed fields: mac, vlan, qos, vlanProtocol, spoofChk, trust, linkState, minTxRateMbps, maxTxRateMbps)", APIVersion, Kind, clip.String(err.Error(), maxDecodeError))
+		return nil, fmt.Errorf("decode %s %s: %s (allowed fields: mac, vlan, qos, vlanProtocol, spoofChk, trust, linkState, minTxRateMbps, maxTxRateMbps, failover)", APIVersion, Kind, clip.String(err.Error(), maxDecodeError))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("decode %s %s: trailing data after the object", APIVersion, Kind)
@@ -155,6 +162,9 @@ func (c *VFConfig) ValidateMerged() error {
 	return nil
 }
 
+// WantsFailover reports whether the config asks for a failover pair.
+func (c VFConfig) WantsFailover() bool { return c.Failover != nil && *c.Failover }
+
 // ParseMAC parses a unicast 48-bit MAC address as the mac field accepts it.
 func ParseMAC(s string) (net.HardwareAddr, error) {
 	hw, err := net.ParseMAC(s)
@@ -202,6 +212,9 @@ func (c VFConfig) Merge(over *VFConfig) VFConfig {
 	}
 	if over.MaxTxRateMbps != nil {
 		c.MaxTxRateMbps = over.MaxTxRateMbps
+	}
+	if over.Failover != nil {
+		c.Failover = over.Failover
 	}
 	c.APIVersion, c.Kind = APIVersion, Kind
 	return c

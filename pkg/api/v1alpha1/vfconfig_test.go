@@ -160,3 +160,33 @@ func TestErrorsClipEchoedValues(t *testing.T) {
 		})
 	}
 }
+
+// failover is opt-in: unset and false do not ask for it, a claim's false
+// overrides a class's true, and a config without it leaves the class's.
+func TestFailoverDecodeAndMerge(t *testing.T) {
+	t.Parallel()
+	c, err := Decode([]byte(`{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","failover":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Failover == nil || !*c.Failover || !c.WantsFailover() {
+		t.Fatalf("failover:true decoded as %v", c.Failover)
+	}
+	if (VFConfig{}).WantsFailover() || (VFConfig{Failover: ptr(false)}).WantsFailover() {
+		t.Fatal("unset or false failover must not ask for failover")
+	}
+	if _, err := Decode([]byte(`{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","failover":"yes"}`)); err == nil || !strings.Contains(err.Error(), "failover") {
+		t.Fatalf("failover:\"yes\": %v", err)
+	}
+	class := &VFConfig{Failover: ptr(true)}
+	if m := (VFConfig{}).Merge(class).Merge(&VFConfig{VLAN: ptr(5)}); !m.WantsFailover() {
+		t.Fatal("a claim config without failover dropped the class's")
+	}
+	if m := (VFConfig{}).Merge(class).Merge(&VFConfig{Failover: ptr(false)}); m.WantsFailover() {
+		t.Fatal("the claim's failover:false did not override the class's true")
+	}
+	_, err = Decode([]byte(`{"apiVersion":"vfnet.io/v1alpha1","kind":"VFConfig","failovr":true}`))
+	if err == nil || !strings.Contains(err.Error(), "failover)") {
+		t.Fatalf("the allowed fields do not list failover: %v", err)
+	}
+}

@@ -38,6 +38,11 @@ const (
 	// PCIBusIDAttribute is the standard attribute holding the VF's PCI address
 	// (lower-case BDF, e.g. 0000:3b:02.1).
 	PCIBusIDAttribute = "resource.kubernetes.io/pciBusID"
+	// FailoverAttribute is the boolean attribute vfnet-driver adds, set to
+	// true, to the metadata of a device whose VFConfig asks for failover
+	// (and to no other): the binding sidecar then adds the standby virtio
+	// interface (pkg/contract/standby).
+	FailoverAttribute = "vfnet.io/failover"
 	// maxFileSize bounds what a reader loads; a real file is a few KiB.
 	maxFileSize = 1 << 20
 )
@@ -79,6 +84,9 @@ type Device struct {
 	Attributes map[string]Attribute
 	// NetworkData is nil when the driver published none.
 	NetworkData *NetworkData
+	// Failover is the FailoverAttribute: the claim asks for a virtio-net
+	// failover pair.
+	Failover bool
 }
 
 // HardwareAddress is the VF MAC the driver reported, or "".
@@ -173,6 +181,12 @@ func Decode(data []byte) (*Device, error) {
 		return nil, fmt.Errorf("device %q: attribute %s %q: %w; vfnet-driver never publishes such an address, so the file is damaged or from another writer", found.Name, PCIBusIDAttribute, *attr.StringValue, err)
 	}
 	d.PCIBusID = *attr.StringValue
+	if fo, ok := found.Attributes[FailoverAttribute]; ok {
+		if fo.BoolValue == nil {
+			return nil, fmt.Errorf("device %q: attribute %s is not a boolean; vfnet-driver writes it as {\"bool\": true}, so the file is damaged or from another writer", found.Name, FailoverAttribute)
+		}
+		d.Failover = *fo.BoolValue
+	}
 	return d, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/vfnet-io/vfnet/pkg/contract/metadata"
@@ -50,6 +51,29 @@ func TestReadOneDevice(t *testing.T) {
 	}
 }
 
+// The failover attribute decodes into Device.Failover; without it (every
+// device of a claim that does not ask for failover) Failover is false.
+func TestDecodeFailover(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		dev  metadatatest.Device
+		want bool
+	}{
+		{metadatatest.VF("0000:3b:02.1", "02:00:00:00:00:01"), false},
+		{metadatatest.Device{Name: "vf-x", PCIBusID: "0000:3b:02.1", Failover: true}, true},
+		{metadatatest.Device{Name: "vf-x", PCIBusID: "0000:3b:02.1",
+			Extra: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{metadata.FailoverAttribute: {BoolValue: ptr.To(false)}}}, false},
+	} {
+		d, err := metadata.Decode(metadatatest.Stream(claim, c.dev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Failover != c.want {
+			t.Errorf("device %+v: Failover = %v, want %v", c.dev, d.Failover, c.want)
+		}
+	}
+}
+
 // The v1alpha1-only stream (older writers) decodes too; unknown future
 // versions before it are skipped by devicemetadata.
 func TestDecodeAlphaOnlyAndUnknownVersion(t *testing.T) {
@@ -85,6 +109,8 @@ func TestDecodeErrors(t *testing.T) {
 		// writes a hostdev QEMU would refuse.
 		"VMD domain": {metadatatest.Stream(claim, metadatatest.Device{Name: "vf-x", PCIBusID: "10000:3b:02.1"}), `pciBusID "10000:3b:02.1": PCI domain 10000 is beyond ffff`},
 		"empty":      {nil, "no metadata objects"},
+		"failover not a bool": {metadatatest.Stream(claim, metadatatest.Device{Name: "vf-x", PCIBusID: "0000:3b:02.1",
+			Extra: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{metadata.FailoverAttribute: {StringValue: ptr.To("true")}}}), "attribute vfnet.io/failover is not a boolean"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/product"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/vmirender"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/xmltree"
+	"github.com/vfnet-io/vfnet/test/kubevirt/internal/xmlvalidate"
 )
 
 // launcherUID is KubeVirt's non-root launcher user (qemu, 107).
@@ -322,6 +323,73 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 		}
 		if strings.Contains(output, "step define-") || strings.Contains(output, "step libvirt-connect ") {
 			t.Errorf("-migration-target defined a domain or dialled libvirt")
+		}
+	})
+	// A claim asking for failover: libvirt 11.3 (QEMU 10's capabilities)
+	// accepts the sidecar's standby interface with <teaming>, keeps it in
+	// the defined domain, and the MIGRATABLE XML after v1.9.0
+	// migratableDomXML's libvirtxml round trip still carries all of it, so
+	// the target defines the same pair. Define only: the standby's tap
+	// does not exist here (the node plumbing that creates it is not built).
+	t.Run("failover-migratable", func(t *testing.T) {
+		fo := claim
+		fo.Devices = slices.Clone(claim.Devices)
+		fo.Devices[0].Failover = true
+		if _, err := fo.Write(filepath.Join(tmp, "meta")); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := claim.Write(filepath.Join(tmp, "meta")); err != nil {
+				t.Error(err)
+			}
+		})
+		const name = "domain-failover"
+		output := execKernelLauncher(t, tmp, append(env[:len(env):len(env)], "KVM=none"), "-define-only", "-cleanup",
+			"-out", filepath.Join("/var/run/kubevirt", name+".xml"), "-migratable-out", filepath.Join("/var/run/kubevirt", name+".migratable.xml"))
+		if !strings.Contains(output, "VFNET-LAUNCHER step write-migratable ") {
+			t.Fatalf("no write-migratable step")
+		}
+		defined, err := os.ReadFile(filepath.Join(tmp, "kubevirt", name+".xml.defined"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		migratable, err := os.ReadFile(filepath.Join(tmp, "kubevirt", name+".migratable.xml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const alias = standbyAliasPrefix + "physnet-a"
+		d, ok := standbyInterfaces(t, string(defined))[alias]
+		if !ok {
+			t.Fatalf("libvirt's defined domain has no %s", alias)
+		}
+		want := describeStandby(d)
+		for _, part := range []string{"type=ethernet ", "mac=02:00:00:00:00:01 ", "target=vfsb", "managed=no ", "model=virtio ", "teaming=persistent ", "rom=no"} {
+			if !strings.Contains(want, part) {
+				t.Errorf("defined %s: %s lacks %s", alias, want, part)
+			}
+		}
+		m, ok := standbyInterfaces(t, string(migratable))[alias]
+		if !ok {
+			t.Fatalf("the migratable XML after the round trip has no %s", alias)
+		}
+		if got := describeStandby(m); got != want {
+			t.Errorf("%s in the migratable XML:\n %s\nwant (defined)\n %s", alias, got, want)
+		}
+		// Both pass the RelaxNG schema of the libvirt that defined them
+		// (11.3): the host's virt-xml-validate (libvirt 9.0 on Debian 12)
+		// predates <topology clusters=...> that 11.3 writes into <cpu>.
+		rng := filepath.Join(virtEnv["VIRT_ROOT"], "usr/share/libvirt/schemas/domain.rng")
+		for _, doc := range []struct {
+			name string
+			data []byte
+		}{{"defined", defined}, {"migratable", migratable}} {
+			f := filepath.Join(t.TempDir(), doc.name+".xml")
+			if err := os.WriteFile(f, xmlvalidate.StripKubeVirtEmpties(doc.data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("xmllint", "--noout", "--relaxng", rng, f).CombinedOutput(); err != nil {
+				t.Errorf("the %s domain fails libvirt 11.3's schema %s: %v\n%s", doc.name, rng, err, out)
+			}
 		}
 	})
 }

@@ -25,6 +25,12 @@ type Device struct {
 	Name     string
 	PCIBusID string // omitted when ""
 	MAC      string // networkData.hardwareAddress, omitted when ""
+	// Failover adds the vfnet.io/failover attribute, true, as
+	// vfnet-driver writes it for a VFConfig with failover.
+	Failover bool
+	// Extra are more attributes, written as given (they win over the
+	// ones above).
+	Extra map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
 // VF is a vfnet device with the given PCI address and MAC.
@@ -48,11 +54,19 @@ func Stream(c Claim, devs ...Device) []byte {
 			drv = metadata.DriverName
 		}
 		dev := metadatav1beta1.Device{Driver: drv, Pool: d.Pool, Name: d.Name}
+		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 		if d.PCIBusID != "" {
 			bdf := d.PCIBusID
-			dev.Attributes = map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				metadata.PCIBusIDAttribute: {StringValue: &bdf},
-			}
+			attrs[metadata.PCIBusIDAttribute] = resourceapi.DeviceAttribute{StringValue: &bdf}
+		}
+		if d.Failover {
+			attrs[metadata.FailoverAttribute] = resourceapi.DeviceAttribute{BoolValue: &d.Failover}
+		}
+		for k, v := range d.Extra {
+			attrs[k] = v
+		}
+		if len(attrs) > 0 {
+			dev.Attributes = attrs
 		}
 		if d.MAC != "" {
 			dev.NetworkData = &resourceapi.NetworkDeviceData{InterfaceName: "", HardwareAddress: d.MAC}

@@ -106,6 +106,18 @@ func WriteVF(t testing.TB, root, podClaim, request, bdf, mac string) {
 	}
 }
 
+// WriteFailoverVF is WriteVF for a claim whose VFConfig asks for failover:
+// the metadata carries vfnet.io/failover, true.
+func WriteFailoverVF(t testing.TB, root, podClaim, request, bdf, mac string) {
+	t.Helper()
+	c := metadatatest.Claim{Namespace: "vms", Name: "vm-a-" + podClaim + "-x7k2q", UID: "u-" + podClaim, PodClaimName: podClaim, Request: request}
+	d := metadatatest.VF(bdf, mac)
+	d.Failover = true
+	if err := metadatatest.Write(metadata.TemplateClaimPath(root, podClaim, request), metadatatest.Stream(c, d)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // KubeVirtEmpties are the empty SMBIOS elements KubeVirt v1.9.0 always
 // writes and libvirt's own schema rejects (sidecar/README.md). They are
 // removed from input and output alike before virt-xml-validate; vfnet

@@ -25,7 +25,8 @@
 // libvirt-connect, hook-collect, lookup, define-1..define-N (each define
 // through the hooks, inside allocate-hotplug-ports, details hooks=<time of
 // the OnDefineDomain round trip> <why>), allocate-hotplug-ports,
-// write-defined, with -hotplug-check hotplug-check (see hotplugCheck),
+// write-defined, with -migratable-out write-migratable, with -hotplug-check
+// hotplug-check (see hotplugCheck),
 // then unless -define-only start and write-live (with
 // -migration-target: vmi, kernel-boot-links, private-dir, convert,
 // hook-collect, target-hooks); a failing
@@ -66,6 +67,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 	v1 "kubevirt.io/api/core/v1"
+	"libvirt.org/go/libvirtxml"
 
 	containerdisk "kubevirt.io/kubevirt/pkg/container-disk"
 	"kubevirt.io/kubevirt/pkg/defaults"
@@ -107,6 +109,7 @@ type config struct {
 	hotplugCheck              bool
 	firmwareDirs              string
 	migrationTarget           bool
+	migratableOut             string
 }
 
 func main() {
@@ -122,6 +125,7 @@ func main() {
 	flag.BoolVar(&c.hotplugCheck, "hotplug-check", false, "after the last define, check on two started twins of the domain (the VF replaced by an emulated NIC: no VFIO needed) that the VF's root port takes the migration's detach by alias and that the VF can be hot-plugged again")
 	flag.StringVar(&c.firmwareDirs, "firmware-dirs", "", "with -hotplug-check, QEMU firmware directories (colon-separated, each passed as -L) when QEMU's own data directory is not where it was built for")
 	flag.BoolVar(&c.migrationTarget, "migration-target", false, "prepare a migration target instead of defining (v1.9.0 prepareMigrationTarget): kernel-boot links, private dir, convert, then the hooks' OnDefineDomain, whose result the target discards; libvirt's incoming migration defines the domain from the source's XML")
+	flag.StringVar(&c.migratableOut, "migratable-out", "", "after the last define, write the domain's MIGRATABLE XML as v1.9.0's migratableDomXML (live-migration-source.go) passes it on: unmarshalled into libvirtxml.Domain and marshalled back (step write-migratable)")
 	flag.BoolVar(&c.cleanup, "cleanup", false, "destroy and undefine the domain before exiting (default: leave it defined and, unless -define-only, running, as virt-launcher would)")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -203,6 +207,11 @@ func run(c config) error {
 	}
 	if err := step("write-defined", func() (string, error) { return l.writeXML(dom, libvirt.DomainXMLInactive, c.out+".defined") }); err != nil {
 		return err
+	}
+	if c.migratableOut != "" {
+		if err := step("write-migratable", func() (string, error) { return l.writeMigratable(dom, c.migratableOut) }); err != nil {
+			return err
+		}
 	}
 	if c.hotplugCheck {
 		if err := step("hotplug-check", func() (string, error) { return l.hotplugCheck(dom) }); err != nil {
@@ -601,6 +610,32 @@ func (l *launcher) writeXML(dom libvirt.Domain, flags libvirt.DomainXMLFlags, fi
 		return "", fmt.Errorf("read root ports of %s: %w", file, err)
 	}
 	return fmt.Sprintf("file=%s %s", file, r), nil
+}
+
+// writeMigratable writes what v1.9.0's migratableDomXML makes of the
+// domain: GetXMLDesc(MIGRATABLE), unmarshalled into libvirtxml.Domain (the
+// version KubeVirt vendors, which this module links) and marshalled back.
+// The steps migratableDomXML takes in between (convertDisks, dedicated
+// CPUs, local-disk slices) touch no network device and are left out. Here
+// the domain is defined, not running: libvirt formats the persistent
+// definition for migration.
+func (l *launcher) writeMigratable(dom libvirt.Domain, file string) (string, error) {
+	raw, err := l.virt.DomainGetXMLDesc(dom, libvirt.DomainXMLMigratable)
+	if err != nil {
+		return "", fmt.Errorf("DomainGetXMLDesc(MIGRATABLE): %w", err)
+	}
+	domcfg := &libvirtxml.Domain{}
+	if err := domcfg.Unmarshal(raw); err != nil {
+		return "", fmt.Errorf("libvirtxml unmarshal of the migratable XML: %w", err)
+	}
+	out, err := domcfg.Marshal()
+	if err != nil {
+		return "", fmt.Errorf("libvirtxml marshal of the migratable XML: %w", err)
+	}
+	if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
+		return "", fmt.Errorf("write %s: %w", file, err)
+	}
+	return fmt.Sprintf("file=%s bytes=%d", file, len(out)), nil
 }
 
 // cleanup destroys and undefines the domain so the guest can run the case

@@ -49,7 +49,14 @@ type Device struct {
 	Name     string
 	PCIBusID string // resource.kubernetes.io/pciBusID; omitted when ""
 	MAC      string // networkData.hardwareAddress; omitted when ""
+	// Failover adds vfnet.io/failover, true: the device of a claim whose
+	// VFConfig asks for a failover pair (vfnet-driver's prepare writes it).
+	Failover bool
 }
+
+// FailoverAttribute is the metadata attribute vfnet-driver writes for a
+// failover device (pkg/contract/metadata.FailoverAttribute).
+const FailoverAttribute = "vfnet.io/failover"
 
 // Path is where the claim's metadata file appears in the container, below root.
 func (c Claim) Path(root string) string {
@@ -71,11 +78,16 @@ func (c Claim) Stream() ([]byte, error) {
 		if dev.Driver == "" {
 			dev.Driver = DriverName
 		}
+		if d.PCIBusID != "" || d.Failover {
+			dev.Attributes = map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{}
+		}
 		if d.PCIBusID != "" {
 			bdf := d.PCIBusID
-			dev.Attributes = map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
-				kvmetadata.PCIBusIDAttribute: {StringValue: &bdf},
-			}
+			dev.Attributes[kvmetadata.PCIBusIDAttribute] = resourcev1.DeviceAttribute{StringValue: &bdf}
+		}
+		if d.Failover {
+			on := true
+			dev.Attributes[FailoverAttribute] = resourcev1.DeviceAttribute{BoolValue: &on}
 		}
 		if d.MAC != "" {
 			dev.NetworkData = &resourcev1.NetworkDeviceData{HardwareAddress: d.MAC}
