@@ -1,13 +1,11 @@
 package compat
 
 import (
-	"context"
 	"encoding/xml"
 	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	v1 "kubevirt.io/api/core/v1"
 	pluginv1alpha1 "kubevirt.io/api/plugin/v1alpha1"
@@ -16,7 +14,6 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/golden"
-	"github.com/vfnet-io/vfnet/test/kubevirt/internal/hookclient"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/xmltree"
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/xmlvalidate"
 )
@@ -115,15 +112,7 @@ func TestFailoverStandbySurvivesMigratableXML(t *testing.T) {
 	}
 	checkLibvirtXMLVersion(t)
 	in, vmiJSON, vmi, root := failoverCase(t)
-	sc, _ := startBinding(t, bin, root, golden.BindingName)
-	client, err := hookclient.Dial(sc.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := client.OnDefineDomain(ctx, in, vmiJSON)
+	out, err := defineThroughBinding(t, bin, root, golden.BindingName, in, vmiJSON)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +134,7 @@ func TestFailoverStandbySurvivesMigratableXML(t *testing.T) {
 	if !strings.Contains(want[standbyAliasPrefix+"net-a"], "mac=02:00:00:00:0a:01 ") || !strings.Contains(want[standbyAliasPrefix+"net-b"], "mac=aa:bb:cc:00:00:07 ") {
 		t.Errorf("standby MACs are not the VFs': %v", want)
 	}
-	if err := xmlvalidate.Domain(ctx, xmlvalidate.StripKubeVirtEmpties(out)); err != nil {
+	if err := xmlvalidate.Domain(t.Context(), xmlvalidate.StripKubeVirtEmpties(out)); err != nil {
 		t.Errorf("output (KubeVirt's empties stripped) fails the schema: %v", err)
 	}
 
@@ -175,7 +164,7 @@ func TestFailoverStandbySurvivesMigratableXML(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("%d standbys after the round trip, want %d", len(got), len(want))
 	}
-	if err := xmlvalidate.Domain(ctx, xmlvalidate.StripKubeVirtEmpties([]byte(migratable))); err != nil {
+	if err := xmlvalidate.Domain(t.Context(), xmlvalidate.StripKubeVirtEmpties([]byte(migratable))); err != nil {
 		t.Errorf("the migratable domain fails the schema: %v", err)
 	}
 

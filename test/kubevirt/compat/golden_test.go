@@ -83,6 +83,8 @@ func TestGoldenOnDefineDomain(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// One server for the three calls below: its hostdev cache is
+			// part of what they check.
 			sc, _ := startBinding(t, bin, root, golden.BindingName)
 			client, err := hookclient.Dial(sc.Socket)
 			if err != nil {
@@ -91,7 +93,6 @@ func TestGoldenOnDefineDomain(t *testing.T) {
 			defer client.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-
 			out, err := client.OnDefineDomain(ctx, in, vmiJSON)
 			if err != nil {
 				t.Fatal(err)
@@ -189,15 +190,7 @@ func TestMACMismatchIsRefused(t *testing.T) {
 	if _, err := claims[0].Write(root); err != nil {
 		t.Fatal(err)
 	}
-	sc, _ := startBinding(t, bin, root, golden.BindingName)
-	client, err := hookclient.Dial(sc.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err = client.OnDefineDomain(ctx, in, vmiJSON)
+	_, err = defineThroughBinding(t, bin, root, golden.BindingName, in, vmiJSON)
 	if err == nil {
 		t.Fatal("OnDefineDomain accepted a VF whose MAC differs from the interface's macAddress")
 	}
@@ -213,15 +206,7 @@ func TestOtherBindingNameLeavesDomainAlone(t *testing.T) {
 	bin := needBinding(t)
 	c := golden.Cases()[0]
 	in, vmiJSON, _ := loadGolden(t, c.Name)
-	sc, _ := startBinding(t, bin, t.TempDir(), "notvfnet")
-	client, err := hookclient.Dial(sc.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := client.OnDefineDomain(ctx, in, vmiJSON)
+	out, err := defineThroughBinding(t, bin, t.TempDir(), "notvfnet", in, vmiJSON)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,4 +218,20 @@ func TestOtherBindingNameLeavesDomainAlone(t *testing.T) {
 	if a.String() != b.String() {
 		t.Errorf("binding %q changed a domain with only %q interfaces", "notvfnet", golden.BindingName)
 	}
+}
+
+// defineThroughBinding starts the vfnet-binding binary bin under binding
+// name bindingName with its device metadata under root, and returns what
+// its OnDefineDomain makes of the domain in for the VMI vmiJSON.
+func defineThroughBinding(t *testing.T, bin, root, bindingName string, in, vmiJSON []byte) ([]byte, error) {
+	t.Helper()
+	sc, _ := startBinding(t, bin, root, bindingName)
+	client, err := hookclient.Dial(sc.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return client.OnDefineDomain(ctx, in, vmiJSON)
 }
