@@ -210,8 +210,9 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 }
 
 // Run reads the prepare checkpoint, registers with the kubelet, publishes
-// the node's VFs, then runs the publish loop, the health monitor and the migration re-attach until ctx
-// ends (nil) or a part fails for good (its error).
+// the node's VFs, then runs the host's event sources, the publish loop, the
+// health monitor and the migration re-attach until ctx ends (nil) or a part
+// fails for good (its error).
 func (d *Driver) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cfg := d.cfg
