@@ -9,6 +9,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2/ktesting"
 
@@ -44,4 +45,34 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// install applies manifests/ and KubeVirt's CRDs, as a cluster admin
+// installs vfnet on a KubeVirt cluster.
+func install(ctx context.Context, t *testing.T, env *flow.Env) {
+	t.Helper()
+	if err := env.ApplyManifests(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startNode adds a node, starts its driver and waits until the API server
+// shows devices devices in its ResourceSlices.
+func startNode(ctx context.Context, t *testing.T, env *flow.Env, o flow.NodeOptions, devices int) (*flow.Node, []flow.VFRef) {
+	t.Helper()
+	n, err := env.AddNode(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.StartDriver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := env.WaitSlices(ctx, n.Name, devices, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, refs
 }

@@ -19,23 +19,9 @@ import (
 func TestDriverFollowsHostEvents(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(),
-		ExtraDriverArgs: []string{"--resync-interval=1h", "--health-interval=1h", "-v=2"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.StartDriver(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.WaitSlices(ctx, n.Name, 3, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	install(ctx, t, env)
+	n, _ := startNode(ctx, t, env, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(),
+		ExtraDriverArgs: []string{"--resync-interval=1h", "--health-interval=1h", "-v=2"}}, 3)
 	pf0 := n.Host.Spec().PFs[0] // enp59s0f0, physnet-a, 2 VFs
 
 	// An admin writes sriov_numvfs by hand: 2 -> 0 -> 1.

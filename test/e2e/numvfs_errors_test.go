@@ -138,28 +138,14 @@ func pfNumVFs(ctx context.Context, n *flow.Node, addr string) (int, int, error) 
 func TestNumVFsWaitsWhileClaimsCannotBeListed(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
+	install(ctx, t, env)
 	proxy := startFaultProxy(t, env.Plane)
 	spec := simhost.E810Host()
 	spec.PFs[0].NumVFs, spec.PFs[1].NumVFs = 4, 3
 	const pf0 = "0000:3b:00.0" // enp59s0f0, physnet-a, the PF whose count changes
-	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: spec, NodeConfig: fmt.Sprintf(numVFsConfig, 4),
-		ExtraDriverArgs: []string{"--rescan-interval=1s", "--vf-count-retry-interval=1s", "--claims-list-timeout=2s"},
-		DriverAPIServer: proxy.endpoint()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.StartDriver(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.WaitSlices(ctx, n.Name, 7, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	n, _ := startNode(ctx, t, env, flow.NodeOptions{Name: "node-a", Spec: spec, NodeConfig: fmt.Sprintf(numVFsConfig, 4),
+		ExtraDriverArgs: []string{"--vf-count-retry-interval=1s", "--claims-list-timeout=2s"},
+		DriverAPIServer: proxy.endpoint()}, 7)
 
 	roles := env.Client.RbacV1().ClusterRoles()
 	// setClaimList takes the list verb on resourceclaims from the driver's

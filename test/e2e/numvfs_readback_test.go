@@ -292,24 +292,10 @@ func pollReadBack(ctx context.Context, timeout time.Duration, cond func() bool) 
 func TestNumVFsWritesAfterAPIServerShowsTaint(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
+	install(ctx, t, env)
 	gate := startSliceGate(t, env.Plane)
-	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(), NodeConfig: fmt.Sprintf(numVFsConfig, 2),
-		DriverAPIServer: gate.endpoint(), ExtraDriverArgs: []string{"--rescan-interval=1s", "--vf-count-retry-interval=1s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.StartDriver(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.WaitSlices(ctx, n.Name, 3, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	n, _ := startNode(ctx, t, env, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(), NodeConfig: fmt.Sprintf(numVFsConfig, 2),
+		DriverAPIServer: gate.endpoint(), ExtraDriverArgs: []string{"--vf-count-retry-interval=1s"}}, 3)
 	const pf = "0000:3b:00.0" // enp59s0f0, VFs 0000:3b:02.0 and .1
 	want := map[string]string{}
 	for addr, v := range map[string]string{"0000:3b:02.0": vfcount.TaintRecreating, "0000:3b:02.1": vfcount.TaintRemoving} {
@@ -362,6 +348,7 @@ func TestNumVFsWritesAfterAPIServerShowsTaint(t *testing.T) {
 	gate.release(sliceWrites)
 	var shownAt time.Time
 	var shownRV string
+	var err error
 	if !pollReadBack(ctx, 30*time.Second, func() bool {
 		shownAt, shownRV, err = taints.shown()
 		return !shownAt.IsZero() || err != nil

@@ -60,23 +60,9 @@ func countTaints(ctx context.Context, env *flow.Env, node string) (map[string]st
 func TestNumVFsWithScheduler(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(), NodeConfig: fmt.Sprintf(numVFsConfig, 2),
-		ExtraDriverArgs: []string{"--rescan-interval=1s", "--vf-count-retry-interval=1s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.StartDriver(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.WaitSlices(ctx, n.Name, 3, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	install(ctx, t, env)
+	n, _ := startNode(ctx, t, env, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost(), NodeConfig: fmt.Sprintf(numVFsConfig, 2),
+		ExtraDriverArgs: []string{"--vf-count-retry-interval=1s"}}, 3)
 	vmA, err := env.CreateVM(ctx, flow.VMSpec{Name: "vm-a", DeviceClass: "vfnet-physnet-a", MAC: "02:00:00:00:0f:01"})
 	if err != nil {
 		t.Fatal(err)

@@ -94,23 +94,8 @@ func waitTaints(ctx context.Context, t *testing.T, env *flow.Env, n *flow.Node, 
 func TestPFUnhealthyTaint(t *testing.T) {
 	t.Parallel()
 	ctx, env := newEnv(t)
-	if err := env.ApplyManifests(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InstallKubeVirtCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n, err := env.AddNode(ctx, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.StartDriver(ctx); err != nil {
-		t.Fatal(err)
-	}
-	refs, err := env.WaitSlices(ctx, n.Name, 3, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	install(ctx, t, env)
+	n, refs := startNode(ctx, t, env, flow.NodeOptions{Name: "node-a", Spec: flow.DemoHost()}, 3)
 	pfA, pfB := map[string]string{}, map[string]string{} // physnet-a (enp59s0f0, 2 VFs), physnet-b (1 VF)
 	for _, r := range refs {
 		if r.PFName == "enp59s0f0" {
