@@ -18,10 +18,13 @@ require (
 
 require (
 	cel.dev/expr v0.25.1 // indirect
+	cyphar.com/go-pathrs v0.2.1 // indirect
+	dario.cat/mergo v1.0.2 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
 	github.com/asaskevich/govalidator v0.0.0-20230301143203-a9d515a09cc2 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.6.0 // indirect
 	github.com/cyphar/filepath-securejoin v0.6.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
@@ -75,6 +78,7 @@ require (
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/onsi/gomega v1.39.1 // indirect
 	github.com/opencontainers/cgroups v0.0.6 // indirect
+	github.com/opencontainers/selinux v1.13.0 // indirect
 	github.com/openshift/api v0.0.0 // indirect
 	github.com/openshift/client-go v0.0.0 // indirect
 	github.com/openshift/custom-resource-status v1.1.2 // indirect
@@ -150,4 +154,14 @@ replace (
 	// calls them. Minimal local stand-ins live in third_party/.
 	kubevirt.io/virt-template-api => ./third_party/virt-template-api
 	kubevirt.io/virt-template-client-go => ./third_party/virt-template-client-go
+)
+
+// KubeVirt's own commands the real-node tier builds and runs
+// (test/lib/gobuild.KubeVirtRelease): named here so go mod tidy keeps what
+// they need.
+tool (
+	kubevirt.io/kubevirt/cmd/virt-api
+	kubevirt.io/kubevirt/cmd/virt-controller
+	kubevirt.io/kubevirt/cmd/virt-exportproxy
+	kubevirt.io/kubevirt/cmd/virt-operator
 )

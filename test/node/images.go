@@ -3,7 +3,10 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,8 +45,9 @@ func LauncherPodArgs() []string { return []string{"-virt-api-mutations"} }
 type Artifacts struct {
 	// Images maps an image name to its OCI archive.
 	Images map[string]string
-	// GenLauncherPod and GenCRDs are test/kubevirt's commands, built.
-	GenLauncherPod, GenCRDs string
+	// GenLauncherPod, GenCRDs and GenOperator are test/kubevirt's
+	// commands, built.
+	GenLauncherPod, GenCRDs, GenOperator string
 	// KubeVirtCR is manifests/kubevirt/binding-patch.yaml with sidecarImage
 	// set to BindingImage, as a cluster admin registers their own image.
 	KubeVirtCR string
@@ -110,12 +114,16 @@ func BuildImages(ctx context.Context, repo, dir string) (*Artifacts, error) {
 
 	// test/kubevirt's generators, run later inside the namespace, and the
 	// compute container's stand-in (KubeVirt's hook manager and converter).
-	kv, err := gobuild.KubeVirt(ctx, repo, "./cmd/genlauncherpod", "./cmd/gencrds", "./cmd/launcherstandin")
+	kv, err := gobuild.KubeVirt(ctx, repo, "./cmd/genlauncherpod", "./cmd/gencrds", "./cmd/launcherstandin", "./cmd/genoperator")
 	if err != nil {
 		return nil, err
 	}
 	a.GenLauncherPod = filepath.Join(kv, "genlauncherpod")
 	a.GenCRDs = filepath.Join(kv, "gencrds")
+	a.GenOperator = filepath.Join(kv, "genoperator")
+	if err := a.writeKubeVirtControlPlane(ctx, repo, imgDir); err != nil {
+		return nil, err
+	}
 
 	// The KubeVirt CR a cluster admin applies, with their binding image.
 	cr, err := os.ReadFile(filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml"))
@@ -195,4 +203,114 @@ func dig(obj map[string]any, path ...string) (map[string]any, bool) {
 		cur = next
 	}
 	return cur, true
+}
+
+// KubeVirt's release these images stand for: its tag, the tag's commit
+// and the commit's time, as KubeVirt's release build stamps them.
+var kubeVirtRelease = gobuild.KubeVirtVersion{
+	Tag:       "v1.9.0",
+	Commit:    "79d34c1762169e5b0370ec491cef5ca12e6b504c",
+	BuildDate: "2026-07-27T15:21:17Z",
+}
+
+// KubeVirtControlPlane are KubeVirt's components the tier runs for real:
+// built from KubeVirt v1.9.0's module (test/kubevirt) and imaged under the
+// names virt-operator derives from its own image (quay.io/kubevirt/<name>:
+// <tag>), so its Deployments run them as a release install would.
+// virt-exportproxy is not used, but virt-operator always deploys it: with
+// its image it runs instead of failing to pull.
+func KubeVirtControlPlane() []string {
+	return []string{"virt-operator", "virt-api", "virt-controller", "virt-exportproxy"}
+}
+
+// KubeVirtImage is the image name of a KubeVirt component.
+func KubeVirtImage(name string) string { return "quay.io/kubevirt/" + name + ":" + kubeVirtRelease.Tag }
+
+// writeKubeVirtControlPlane builds KubeVirtControlPlane and writes their
+// images into dir.
+func (a *Artifacts) writeKubeVirtControlPlane(ctx context.Context, repo, dir string) error {
+	var pkgs []string
+	for _, name := range KubeVirtControlPlane() {
+		pkgs = append(pkgs, "kubevirt.io/kubevirt/cmd/"+name)
+	}
+	bin, err := gobuild.KubeVirtRelease(ctx, repo, kubeVirtRelease, pkgs...)
+	if err != nil {
+		return fmt.Errorf("build KubeVirt's control plane from test/kubevirt (go.mod and third_party/ stand-ins): %w", err)
+	}
+	for _, name := range KubeVirtControlPlane() {
+		data, err := os.ReadFile(filepath.Join(bin, name))
+		if err != nil {
+			return err
+		}
+		im := kubeVirtComponentImage(name, data)
+		file, err := cachedArchive(filepath.Join(bin, "images"), im)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", im.Ref, err)
+		}
+		a.Images[im.Ref] = file
+	}
+	return nil
+}
+
+// cachedArchive returns an OCI archive of im in dir, written only when no
+// archive of the same content is there: the three KubeVirt images hold
+// 220 MB of binaries, which take a minute of gzip on a loaded machine per
+// run, and change only when their binaries do. Older archives of the image
+// are removed.
+func cachedArchive(dir string, im ociimage.Image) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := strings.NewReplacer("/", "_", ":", "_").Replace(im.Ref)
+	file := filepath.Join(dir, base+"-"+imageKey(im)+".tar")
+	if _, err := os.Stat(file); err == nil {
+		return file, nil
+	}
+	// Written beside and renamed: a run that reads it at the same time
+	// sees the whole archive or none.
+	tmp := fmt.Sprintf("%s.%d.tmp", file, os.Getpid())
+	if err := ociimage.WriteArchiveFile(tmp, im); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, base+"-*.tar"))
+	if err := os.Rename(tmp, file); err != nil {
+		return "", err
+	}
+	for _, f := range old {
+		os.Remove(f)
+	}
+	return file, nil
+}
+
+// imageKey is a digest of everything an archive of im is made from.
+func imageKey(im ociimage.Image) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q %q %q %q\n", im.Ref, im.Arch, im.Entrypoint, im.Cmd, im.User, im.Env)
+	for _, f := range im.Files {
+		fmt.Fprintf(h, "%q %o %d %d %q %d\n", f.Path, uint32(f.Mode), f.UID, f.GID, f.Symlink, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// kubeVirtComponentImage has what KubeVirt's own images of its static
+// components hold: the binary in /usr/bin and a user database naming the
+// non-root user 1001 it runs as (the pods set runAsNonRoot without a
+// runAsUser, so the image's user must be numeric). PATH: the pods run the
+// binary by its bare name; /tmp: Go's os.TempDir for anything it writes.
+func kubeVirtComponentImage(name string, bin []byte) ociimage.Image {
+	return ociimage.Image{
+		Ref:  KubeVirtImage(name),
+		Arch: runtime.GOARCH,
+		Files: []ociimage.File{
+			{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/:/sbin/nologin\nnonroot-user:x:1001:1001::/home/nonroot-user:/sbin/nologin\n")},
+			{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnonroot-user:x:1001:\n")},
+			{Path: "/tmp", Mode: fs.ModeDir | 0o777}, // no sticky bit: ociimage writes permission bits only
+			{Path: "/usr/bin/" + name, Mode: 0o755, Data: bin},
+		},
+		Entrypoint: []string{"/usr/bin/" + name},
+		Env:        []string{"PATH=/usr/bin:/bin"},
+		User:       "1001",
+	}
 }

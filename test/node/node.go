@@ -171,6 +171,8 @@ func Up(ctx context.Context, dir string, parts Parts, images map[string]string) 
 			"--kubelet-preferred-address-types=InternalIP",
 		},
 		ExtraControllers: []string{"daemonset-controller", "root-ca-certificate-publisher-controller"},
+		// The KubeVirt step runs KubeVirt's own control plane here.
+		KubeVirt: true,
 	})
 	if err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ const envChild = "VFNET_REAL_NODE_CHILD"
 
 // steps are the subtests run inside, in order; each needs the ones before.
 func steps() []string {
-	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "HelmUninstall"}
+	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "KubeVirt", "HelmUninstall"}
 }
 
 // TestRealNode: a real kubelet and containerd with vfnet installed from its
@@ -259,6 +259,7 @@ func runInside(t *testing.T, dir string) {
 		"KillDuringPrepare": e.testKillDuringPrepare,
 		"HelmInstall":       e.testHelmInstall,
 		"HelmUpgrade":       e.testHelmUpgrade,
+		"KubeVirt":          e.testKubeVirt,
 		"HelmUninstall":     e.testHelmUninstall,
 	}
 	for _, s := range steps() {

@@ -2,9 +2,11 @@
 // containerd 2.4.2 and runc, next to the real control plane
 // (test/lib/controlplane), with vfnet installed from manifests/ as a cluster
 // admin would (kubectl apply -k of a test overlay), later from the Helm
-// chart (helm install, upgrade, uninstall), all inside one private
-// mount + network namespace of this machine, so nothing on the host changes
-// and no traffic leaves. The SR-IOV hardware under the driver is test/lib/simhost
+// chart (helm install, upgrade, uninstall), with KubeVirt v1.9.0's own
+// virt-operator, virt-api and virt-controller creating the example VM's
+// launcher pod in between (the KubeVirt step; its stand-ins: README.md),
+// all inside one private mount + network namespace of this machine, so
+// nothing on the host changes and no traffic leaves. The SR-IOV hardware under the driver is test/lib/simhost
 // (--simulate, so the driver image carries vfnet-driver-sim, the build with
 // the simulator); everything above it is real.
 //

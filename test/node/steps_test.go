@@ -641,47 +641,9 @@ func (e *env) testLauncherPod(t *testing.T) {
 	if got := container(launcher, sidecar).Resources.Claims; !reflect.DeepEqual(got, computeClaims) {
 		t.Fatalf("created sidecar %s has claims %v, want compute's %v", sidecar, got, computeClaims)
 	}
-	pod, err = e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started (or one ended)", func(p *corev1.Pod) bool {
-		running := 0
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Terminated != nil {
-				return true // restartPolicy Never: it stays so
-			}
-			if cs.State.Running != nil {
-				running++
-			}
-		}
-		return p.Status.Phase == corev1.PodRunning && running == len(p.Spec.Containers)
-	})
-	if err == nil {
-		for _, cs := range pod.Status.ContainerStatuses {
-			if cs.State.Terminated != nil {
-				err = fmt.Errorf("container %s ended:\n%s\nlog:\n%s", cs.Name, DescribePod(pod), PodLog(pod, cs.Name))
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("%v\nevents:\n%s", err, e.Events(ctx, "default", pod.Name))
-	}
+	pod = e.waitLauncherRunning(ctx, t, pod)
 	t.Logf("launcher pod running %s after create", time.Since(begin).Round(100*time.Millisecond))
-
-	// The domain the stand-in's hook manager got back from the sidecar.
-	var domain, log string
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		log = PodLog(pod, "compute")
-		if i := strings.Index(log, "VFNET-STANDIN-ERROR: "); i >= 0 {
-			return false, fmt.Errorf("%s", log[i:])
-		}
-		i, j := strings.Index(log, "VFNET-STANDIN-DOMAIN-BEGIN\n"), strings.Index(log, "VFNET-STANDIN-DOMAIN-END")
-		if i >= 0 && j > i {
-			domain = log[i+len("VFNET-STANDIN-DOMAIN-BEGIN\n") : j]
-			return true, nil
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no domain from the hook manager: %v\ncompute log:\n%s\n%s log:\n%s", err, log, sidecar, PodLog(pod, sidecar))
-	}
+	domain := e.waitDomain(ctx, t, pod, sidecar)
 	t.Logf("OnDefineDomain through the sidecar %s after create", time.Since(begin).Round(100*time.Millisecond))
 
 	podClaim := ""
@@ -703,6 +665,75 @@ func (e *env) testLauncherPod(t *testing.T) {
 			t.Errorf("%s process %s %v (%v), want 107 everywhere", sidecar, f, ids, err)
 		}
 	}
+	checkHostdev(t, domain, v)
+
+	e.deletePod(ctx, t, pod.Namespace, pod.Name)
+	e.checkRestored(ctx, t, v)
+	if err := dyn.Resource(vmiGVR()).Namespace(vmi.GetNamespace()).Delete(ctx, vmi.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// waitLauncherRunning waits until every container of a launcher pod runs
+// (restartPolicy Never: one that ended fails the wait).
+func (e *env) waitLauncherRunning(ctx context.Context, t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	pod, err := e.WaitPod(ctx, pod.Namespace, pod.Name, podTimeout, "Running with every container started (or one ended)", func(p *corev1.Pod) bool {
+		running := 0
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Terminated != nil {
+				return true // restartPolicy Never: it stays so
+			}
+			if cs.State.Running != nil {
+				running++
+			}
+		}
+		return p.Status.Phase == corev1.PodRunning && running == len(p.Spec.Containers)
+	})
+	if err == nil {
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Terminated != nil {
+				err = fmt.Errorf("container %s ended:\n%s\nlog:\n%s", cs.Name, DescribePod(pod), PodLog(pod, cs.Name))
+			}
+		}
+	}
+	if err != nil {
+		name := "(none)"
+		if pod != nil {
+			name = pod.Name
+		}
+		t.Fatalf("%v\nevents:\n%s", err, e.Events(ctx, "default", name))
+	}
+	return pod
+}
+
+// waitDomain returns the domain the launcher stand-in's hook manager got
+// back from the sidecar (printed between markers in compute's log).
+func (e *env) waitDomain(ctx context.Context, t *testing.T, pod *corev1.Pod, sidecar string) string {
+	t.Helper()
+	var domain, log string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		log = PodLog(pod, "compute")
+		if i := strings.Index(log, "VFNET-STANDIN-ERROR: "); i >= 0 {
+			return false, fmt.Errorf("%s", log[i:])
+		}
+		i, j := strings.Index(log, "VFNET-STANDIN-DOMAIN-BEGIN\n"), strings.Index(log, "VFNET-STANDIN-DOMAIN-END")
+		if i >= 0 && j > i {
+			domain = log[i+len("VFNET-STANDIN-DOMAIN-BEGIN\n") : j]
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no domain from the hook manager: %v\ncompute log:\n%s\n%s log:\n%s", err, log, sidecar, PodLog(pod, sidecar))
+	}
+	return domain
+}
+
+// checkHostdev: the domain passes VF v unmanaged as the interface's
+// hostdev (ua-sriov-physnet-a).
+func checkHostdev(t *testing.T, domain string, v vf) {
+	t.Helper()
 	hd, ok := flow.HostdevXML(domain, "physnet-a")
 	if !ok {
 		t.Fatalf("domain from the sidecar has no hostdev ua-sriov-physnet-a:\n%s", domain)
@@ -714,12 +745,6 @@ func (e *env) testLauncherPod(t *testing.T) {
 	src := fmt.Sprintf(`domain="0x%04x" bus="0x%02x" slot="0x%02x" function="0x%x"`, addr.Domain, addr.Bus, addr.Slot, addr.Function)
 	if !strings.Contains(strings.ReplaceAll(hd, "'", `"`), src) || !strings.Contains(hd, `managed="no"`) && !strings.Contains(hd, `managed='no'`) {
 		t.Errorf("hostdev does not pass VF %s (%s) unmanaged:\n%s", v.bdf, src, hd)
-	}
-
-	e.deletePod(ctx, t, pod.Namespace, pod.Name)
-	e.checkRestored(ctx, t, v)
-	if err := dyn.Resource(vmiGVR()).Namespace(vmi.GetNamespace()).Delete(ctx, vmi.GetName(), metav1.DeleteOptions{}); err != nil {
-		t.Error(err)
 	}
 }
 

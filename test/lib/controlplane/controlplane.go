@@ -65,6 +65,10 @@ type Options struct {
 	// ones the flow needs (a real node needs daemonset-controller and
 	// root-ca-certificate-publisher-controller).
 	ExtraControllers []string
+	// KubeVirt serves what KubeVirt's control plane (virt-operator,
+	// virt-api, virt-controller) needs beyond the flow's: see
+	// KubeVirtControllers and KubeVirtAPIServerFlags.
+	KubeVirt bool
 	// HandleSignals makes the plane stop itself on SIGINT/SIGTERM and then
 	// re-raise the signal, so an interrupted run leaves nothing behind.
 	HandleSignals bool
@@ -72,6 +76,24 @@ type Options struct {
 	// pickPorts chooses the components' ports (nil: freePorts); a test
 	// replaces it to hand out a taken port.
 	pickPorts func(n int) ([]int, error)
+}
+
+// KubeVirtControllers are the kube-controller-manager controllers KubeVirt
+// needs: virt-operator, virt-api and virt-controller are Deployments
+// (deployment-, replicaset-controller); virt-operator writes its install
+// strategy with a Job running its own image (job-controller); the API
+// server finds virt-api's pod for its webhooks and the subresources
+// APIService through EndpointSlices (endpointslice-controller).
+func KubeVirtControllers() []string {
+	return []string{"deployment-controller", "replicaset-controller", "job-controller", "endpointslice-controller"}
+}
+
+// KubeVirtAPIServerFlags are the kube-apiserver flags KubeVirt needs: with
+// no kube-proxy, webhooks and aggregated APIs must be reached at their
+// endpoints' pod IPs, not at the Service's ClusterIP. (The request-header
+// authentication virt-api also needs is always on: see frontproxy.go.)
+func KubeVirtAPIServerFlags() []string {
+	return []string{"--enable-aggregator-routing=true"}
 }
 
 // Plane is a running control plane.
@@ -218,6 +240,10 @@ func start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	frontProxy, err := writeFrontProxyCerts(dir)
+	if err != nil {
+		return nil, err
+	}
 	certDir := filepath.Join(dir, "certs")
 	p.URL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	apiArgs := []string{
@@ -237,6 +263,12 @@ func start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 		// Nothing would remove the not-ready taint from Node objects.
 		"--disable-admission-plugins=TaintNodesByCondition",
 		"--profiling=false",
+	}
+	// Aggregated API servers (KubeVirt's virt-api) authenticate the API
+	// server's proxied requests with these, as in a kubeadm cluster.
+	apiArgs = append(apiArgs, frontProxy.apiServerFlags()...)
+	if opts.KubeVirt {
+		apiArgs = append(apiArgs, KubeVirtAPIServerFlags()...)
 	}
 	apiArgs = append(apiArgs, opts.ExtraAPIServerFlags...)
 	if err := p.spawn("kube-apiserver", filepath.Join(opts.BinDir, "kube-apiserver"), apiArgs...); err != nil {
@@ -260,15 +292,19 @@ func start(ctx context.Context, opts Options) (_ *Plane, retErr error) {
 	// resourceclaim controller makes claims from templates, the service
 	// account controller makes "default" SAs pods need, the policy status
 	// controller type-checks ValidatingAdmissionPolicies).
+	controllers := append([]string{"serviceaccount-controller", "resourceclaim-controller",
+		"garbage-collector-controller", "namespace-controller", "validatingadmissionpolicy-status-controller"},
+		opts.ExtraControllers...)
+	if opts.KubeVirt {
+		controllers = append(controllers, KubeVirtControllers()...)
+	}
 	cmArgs := []string{
 		"--kubeconfig=" + p.AdminKubeconfig,
 		"--authentication-kubeconfig=" + p.AdminKubeconfig,
 		"--authorization-kubeconfig=" + p.AdminKubeconfig,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort),
 		"--leader-elect=false",
-		"--controllers=" + strings.Join(append([]string{"serviceaccount-controller", "resourceclaim-controller",
-			"garbage-collector-controller", "namespace-controller", "validatingadmissionpolicy-status-controller"},
-			opts.ExtraControllers...), ","),
+		"--controllers=" + strings.Join(controllers, ","),
 		// What the root-ca publisher puts into every namespace's
 		// kube-root-ca.crt, which pods trust the API server with.
 		"--root-ca-file=" + certFile,

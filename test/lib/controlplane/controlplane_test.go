@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -245,4 +246,54 @@ func TestStartRetriesTakenPort(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
 		t.Errorf("the plane started on the third try does not answer: %v", err)
 	}
+}
+
+// TestPlaneServesKubeVirt: with Options.KubeVirt, what KubeVirt's control
+// plane relies on works: the request-header CA is published for aggregated
+// servers (virt-api panics without it) and a Deployment gets its pod
+// (deployment- and replicaset-controller; it stays Pending, no node).
+func TestPlaneServesKubeVirt(t *testing.T) {
+	t.Parallel()
+	p := StartForTest(t, Options{KubeVirt: true})
+	_, ctx := ktesting.NewTestContext(t)
+	cs, err := p.AdminClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, "request-header CA in kube-system/extension-apiserver-authentication", func() error {
+		cm, err := cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cm.Data["requestheader-client-ca-file"] == "" || !strings.Contains(cm.Data["requestheader-allowed-names"], FrontProxyClientName) {
+			return fmt.Errorf("no request-header CA for %s: %v", FrontProxyClientName, cm.Data)
+		}
+		return nil
+	})
+	one := int32(1)
+	labels := map[string]string{"app": "d"}
+	_, err = cs.AppsV1().Deployments("default").Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "d"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "none"}}},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, "the Deployment's pod (deployment-controller, replicaset-controller)", func() error {
+		pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=d"})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) != 1 {
+			return fmt.Errorf("%d pods", len(pods.Items))
+		}
+		return nil
+	})
 }

@@ -43,9 +43,32 @@ func Shipped(ctx context.Context, repo string, pkgs ...string) (string, error) {
 // again, and several tests doing that at once each compile it in full.
 func KubeVirt(ctx context.Context, repo string, pkgs ...string) (string, error) {
 	dir := Dir(repo, "kubevirt")
-	// GONOSUMDB: libvirt.org/go/libvirt (see test/kubevirt's README).
-	env := []string{"CGO_ENABLED=0", "GONOSUMDB=libvirt.org/go/libvirt"}
-	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, env, []string{"-trimpath"}, pkgs...)
+	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, kubeVirtEnv(), []string{"-trimpath"}, pkgs...)
+}
+
+// KubeVirtRelease builds KubeVirt's own commands (kubevirt.io/kubevirt/cmd/...)
+// as KubeVirt's release stamps them, into Dir(repo, "kubevirt-release"),
+// and returns that directory. Only the link differs from KubeVirt (the
+// version defs of kubevirt.io/client-go/version, which virt-operator
+// compares and reports), so the packages compile once for both.
+func KubeVirtRelease(ctx context.Context, repo string, version KubeVirtVersion, pkgs ...string) (string, error) {
+	dir := Dir(repo, "kubevirt-release")
+	const v = "kubevirt.io/client-go/version"
+	// -s -w: KubeVirt's images carry stripped binaries; -w is also what
+	// the Makefile's GOFLAGS gives every other link, which this replaces.
+	ldflags := fmt.Sprintf("-s -w -X %s.gitVersion=%s -X %s.gitCommit=%s -X %s.gitTreeState=clean -X %s.buildDate=%s",
+		v, version.Tag, v, version.Commit, v, v, version.BuildDate)
+	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, kubeVirtEnv(), []string{"-trimpath", "-ldflags=" + ldflags}, pkgs...)
+}
+
+// KubeVirtVersion is what a KubeVirt release build stamps into its
+// binaries: the tag, its commit and the commit's time (RFC 3339, UTC).
+type KubeVirtVersion struct{ Tag, Commit, BuildDate string }
+
+// kubeVirtEnv is test/kubevirt's build environment: static, and
+// GONOSUMDB for libvirt.org/go/libvirt (see test/kubevirt's README).
+func kubeVirtEnv() []string {
+	return []string{"CGO_ENABLED=0", "GONOSUMDB=libvirt.org/go/libvirt"}
 }
 
 // Into runs `go build <args> -o <dir>/ <pkgs>` in moduleDir with env added to

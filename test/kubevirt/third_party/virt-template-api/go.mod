@@ -1,5 +1,6 @@
-// Local stand-in for kubevirt.io/virt-template-api: only the names
-// kubevirt.io/kubevirt/pkg/controller uses. Not the real API.
+// Local stand-in for kubevirt.io/virt-template-api (the module proxy does
+// not serve it): only the names KubeVirt v1.9.0's pkg/controller and
+// virt-controller's export controller use. Not the real API.
 module kubevirt.io/virt-template-api
 
 go 1.26
