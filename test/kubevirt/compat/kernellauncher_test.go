@@ -195,17 +195,8 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	}
 	writeLauncherAccounts(t, tmp)
 
-	env := append(os.Environ(),
-		"T="+tmp, "REPO="+root, "LAUNCHER="+launcher, "BINDING="+bin,
-		"LIBVIRTD="+filepath.Join(virtEnv["VIRT_ROOT"], "usr/sbin/libvirtd"),
-		"LIBVIRT_DRIVER_DIR="+filepath.Join(virtEnv["VIRT_ROOT"], "usr/lib/x86_64-linux-gnu/libvirt/connection-driver"),
-		"LD_LIBRARY_PATH="+virtEnv["VIRT_LIBS"]+":"+kernelEnv["QEMU_LD_LIBRARY_PATH"],
-		"PATH="+filepath.Dir(kernelEnv["QEMU"])+":"+os.Getenv("PATH"),
-		"XDG_RUNTIME_DIR="+filepath.Join(tmp, "xdg"),
-		"XDG_CONFIG_HOME="+filepath.Join(tmp, "home/.config"),
-		"XDG_CACHE_HOME="+filepath.Join(tmp, "home/.cache"),
-		"HOME="+filepath.Join(tmp, "home"),
-	)
+	env := append(sessionDaemonEnv(tmp, virtEnv, kernelEnv),
+		"REPO="+root, "LAUNCHER="+launcher, "BINDING="+bin)
 	// v1.9.0's allocateHotplugPorts, then main's (-v110, PR 17605), in a
 	// launcher pod without /dev/kvm (useEmulation). Then v1.9.0 where the
 	// pod's /dev has a kvm node uid 107 cannot open, as the host's own
@@ -641,4 +632,21 @@ func writeLauncherAccounts(t *testing.T, tmp string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// sessionDaemonEnv is the environment of a script that runs the tier's
+// libvirtd (virt: virt-deps' env, kernel: kernel-deps') as the launcher's
+// session daemon, with its runtime, config, cache and home under tmp ($T).
+func sessionDaemonEnv(tmp string, virt, kernel map[string]string) []string {
+	return append(os.Environ(),
+		"T="+tmp,
+		"LIBVIRTD="+filepath.Join(virt["VIRT_ROOT"], "usr/sbin/libvirtd"),
+		"LIBVIRT_DRIVER_DIR="+filepath.Join(virt["VIRT_ROOT"], "usr/lib/x86_64-linux-gnu/libvirt/connection-driver"),
+		"LD_LIBRARY_PATH="+virt["VIRT_LIBS"]+":"+kernel["QEMU_LD_LIBRARY_PATH"],
+		"PATH="+filepath.Dir(kernel["QEMU"])+":"+os.Getenv("PATH"),
+		"XDG_RUNTIME_DIR="+filepath.Join(tmp, "xdg"),
+		"XDG_CONFIG_HOME="+filepath.Join(tmp, "home/.config"),
+		"XDG_CACHE_HOME="+filepath.Join(tmp, "home/.cache"),
+		"HOME="+filepath.Join(tmp, "home"),
+	)
 }

@@ -159,18 +159,8 @@ $virsh domxml-to-native qemu-argv --domain vmd-hostdev
 	cmd := exec.CommandContext(ctx, "unshare", "-m", "bash", "-c", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.Env = append(os.Environ(),
-		"T="+tmp,
-		"LIBVIRTD="+filepath.Join(virt["VIRT_ROOT"], "usr/sbin/libvirtd"),
-		"VIRSH="+filepath.Join(virt["VIRT_ROOT"], "usr/bin/virsh"),
-		"LIBVIRT_DRIVER_DIR="+filepath.Join(virt["VIRT_ROOT"], "usr/lib/x86_64-linux-gnu/libvirt/connection-driver"),
-		"LD_LIBRARY_PATH="+virt["VIRT_LIBS"]+":"+kernel["QEMU_LD_LIBRARY_PATH"],
-		"PATH="+filepath.Dir(kernel["QEMU"])+":"+os.Getenv("PATH"),
-		"XDG_RUNTIME_DIR="+filepath.Join(tmp, "xdg"),
-		"XDG_CONFIG_HOME="+filepath.Join(tmp, "home/.config"),
-		"XDG_CACHE_HOME="+filepath.Join(tmp, "home/.cache"),
-		"HOME="+filepath.Join(tmp, "home"),
-	)
+	cmd.Env = append(sessionDaemonEnv(tmp, virt, kernel),
+		"VIRSH="+filepath.Join(virt["VIRT_ROOT"], "usr/bin/virsh"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
