@@ -118,8 +118,13 @@ type Loop struct {
 	wantAll bool
 	// lastPFs is the host as the last scan read it; only, when not nil,
 	// the PFs the scan in progress re-reads (both guarded by mu).
-	lastPFs   []sysfs.PF
-	only      []string
+	lastPFs []sysfs.PF
+	only    []string
+	// emptied: PF -> the devices it had when a scan found it present but
+	// without them, and when (guarded by mu). A hot-unplugged PF loses its
+	// VFs first, then goes itself; a scan between the two must not make
+	// its VFs vanish from the slices instead of staying tainted "gone".
+	emptied   map[string]emptiedPF
 	lastWhy   string
 	lastSkip  []discovery.Skipped
 	lastCfgEr string
@@ -528,20 +533,60 @@ func hasTaint(d resourceapi.Device, key, value string) bool {
 	})
 }
 
+// emptiedPF is what a PF had before a scan found it without devices.
+type emptiedPF struct {
+	devices []discovery.Device
+	at      time.Time
+}
+
+// unplugWindow is how long after a PF lost all its devices its vanishing
+// still counts as one hot-unplug (the kernel removes the VFs, then the PF,
+// within milliseconds; a scan may fall between).
+const unplugWindow = 10 * time.Second
+
 // withUnhealthyPFs adds the taints of devices whose PF's link is down and
 // keeps publishing, tainted, the devices of PFs that vanished since they
-// were published. The result stays in discovery order.
+// were published (or since, just before, they lost all their devices).
+// The result stays in discovery order.
 func (l *Loop) withUnhealthyPFs(pfs []sysfs.PF, found []discovery.Device) ([]discovery.Device, Taints) {
 	taints := PFTaints(pfs, found)
 	present := make(map[string]bool, len(pfs))
 	for i := range pfs {
 		present[pfs[i].Address] = true
 	}
+	has := map[string]bool{}
+	for _, d := range found {
+		has[d.PFAddress] = true
+	}
+	now := time.Now()
+	byPF := map[string][]discovery.Device{}
+	for _, d := range l.published {
+		byPF[d.PFAddress] = append(byPF[d.PFAddress], d)
+	}
+	if l.emptied == nil {
+		l.emptied = map[string]emptiedPF{}
+	}
+	for pf, devs := range byPF {
+		if present[pf] && !has[pf] && !slices.ContainsFunc(devs, func(d discovery.Device) bool { return taints[d.Name] == health.PFGone }) {
+			l.emptied[pf] = emptiedPF{devices: devs, at: now}
+		}
+	}
 	var gone []discovery.Device
 	for _, d := range l.published {
 		if !present[d.PFAddress] {
 			gone = append(gone, d)
 			taints[d.Name] = health.PFGone
+		}
+	}
+	for pf, e := range l.emptied {
+		switch {
+		case has[pf] || now.Sub(e.at) > unplugWindow:
+			delete(l.emptied, pf)
+		case !present[pf] && len(byPF[pf]) == 0:
+			for _, d := range e.devices {
+				gone = append(gone, d)
+				taints[d.Name] = health.PFGone
+			}
 		}
 	}
 	if len(gone) == 0 {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/vfnet-io/vfnet/driver/discovery"
+	"github.com/vfnet-io/vfnet/driver/health"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
@@ -462,5 +463,49 @@ func TestTriggerScope(t *testing.T) {
 	l.TriggerFor("config")
 	if _, pfs := l.takeCauses(); pfs != nil {
 		t.Fatalf("a full trigger after a PF trigger: scope %v, want every PF (nil)", pfs)
+	}
+}
+
+// TestHotUnplugSeenHalfway: a PF that lost its VFs in one scan and vanished
+// in the next (the kernel removes the VFs first) keeps its VFs published,
+// tainted gone, as if both had been seen at once.
+func TestHotUnplugSeenHalfway(t *testing.T) {
+	t.Parallel()
+	_, ctx := ktesting.NewTestContext(t)
+	a, b := pfWith("0000:3b:00.0", "ens1", 2), pfWith("0000:5e:00.0", "ens1b", 1)
+	c, err := nodeconfig.Parse([]byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n- pfName: ens1\n  network: a\n- pfName: ens1b\n  network: b\n"), "node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	disc := &fakeDiscoverer{pfs: []sysfs.PF{a, b}}
+	pub := &recorder{}
+	l := NewLoop(LoopOptions{NodeName: "n", Discoverer: disc, Publisher: pub,
+		LoadConfig: func() (*nodeconfig.Config, error) { return c, nil }})
+	scan := func(what string, want int) {
+		t.Helper()
+		if _, err := l.Scan(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := pub.lastDevices("n"); got != want {
+			t.Fatalf("%s: %d devices published, want %d", what, got, want)
+		}
+	}
+	scan("both PFs", 3)
+	b.VFs, b.NumVFs = nil, 0
+	disc.pfs = []sysfs.PF{a, b}
+	scan("PF b without its VF", 2)
+	disc.pfs = []sysfs.PF{a}
+	scan("PF b gone", 3)
+	last := pub.published[len(pub.published)-1].Pools["n"].Slices
+	gone := 0
+	for _, s := range last {
+		for _, d := range s.Devices {
+			if hasTaint(d, TaintKey, health.PFGone) {
+				gone++
+			}
+		}
+	}
+	if gone != 1 {
+		t.Fatalf("%d devices tainted %s, want PF b's one VF", gone, health.PFGone)
 	}
 }

@@ -104,7 +104,8 @@ func (e *env) installKubeVirt(ctx context.Context, t *testing.T, dyn dynamic.Int
 	}
 	e.removeHandMadeCRDs(ctx, t)
 	operator, cr := filepath.Join(dir, "kubevirt-operator.yaml"), filepath.Join(dir, "kubevirt-cr.yaml")
-	cmd := exec.CommandContext(ctx, e.art.GenOperator, "-node", NodeName, "-o", operator, "-cr", cr)
+	// -liveness-delay: see genoperator; the tier runs beside the others.
+	cmd := exec.CommandContext(ctx, e.art.GenOperator, "-node", NodeName, "-liveness-delay", "120", "-o", operator, "-cr", cr)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("genoperator (test/kubevirt/cmd/genoperator): %v\n%s", err, out)
 	}

@@ -116,32 +116,45 @@ func Coalesce(ctx context.Context, in <-chan Event, quiet, max time.Duration, fn
 }
 
 // Summary describes a burst in one short line: how many events of each
-// kind, the first two distinct ones and the last (which for a sriov_numvfs
-// write is the PF's change), for the log line of a rescan.
+// kind, every distinct link, config and lost event (rare, and each may
+// alone explain a rescan), and of the uevents the first two distinct ones
+// and the last (for a sriov_numvfs write, the PF's change).
 func Summary(events []Event) string {
 	if len(events) == 0 {
 		return "no events"
 	}
 	counts := map[Kind]int{}
 	seen := map[string]bool{}
-	var first []string
+	var others, uevents []string
+	var lastU string
+	nU := 0
 	for _, e := range events {
 		counts[e.Kind]++
-		if s := e.String(); !seen[s] && len(first) < 2 {
-			seen[s] = true
-			first = append(first, s)
+		str := e.String()
+		if e.Kind != Uevent {
+			if !seen[str] {
+				seen[str] = true
+				others = append(others, str)
+			}
+			continue
+		}
+		nU++
+		lastU = str
+		if !seen[str] && len(uevents) < 2 {
+			seen[str] = true
+			uevents = append(uevents, str)
 		}
 	}
-	if last := events[len(events)-1].String(); !seen[last] && len(events) > len(first) {
-		if len(events) > len(first)+1 {
-			first = append(first, "...")
+	if lastU != "" && !seen[lastU] {
+		if nU > len(uevents)+1 {
+			uevents = append(uevents, "...")
 		}
-		first = append(first, last)
+		uevents = append(uevents, lastU)
 	}
 	kinds := make([]string, 0, len(counts))
 	for k, n := range counts {
 		kinds = append(kinds, fmt.Sprintf("%d %s", n, k))
 	}
 	sort.Strings(kinds)
-	return strings.Join(kinds, ", ") + ": " + strings.Join(first, "; ")
+	return strings.Join(kinds, ", ") + ": " + strings.Join(append(others, uevents...), "; ")
 }

@@ -137,7 +137,7 @@ func TestSummary(t *testing.T) {
 		{Kind: hostevents.Link, Action: "new", Device: "pf0", Detail: "down"},
 		{Kind: hostevents.Uevent, Action: "change", Subsystem: "pci", Device: "0000:3b:00.0"},
 	}
-	want := "1 link, 4 uevent: uevent add pci 0000:3b:02.0; uevent add pci 0000:3b:02.1; ...; uevent change pci 0000:3b:00.0"
+	want := "1 link, 4 uevent: link new pf0 down; uevent add pci 0000:3b:02.0; uevent add pci 0000:3b:02.1; ...; uevent change pci 0000:3b:00.0"
 	if got := hostevents.Summary(evs); got != want {
 		t.Errorf("Summary = %q, want %q", got, want)
 	}
