@@ -110,25 +110,12 @@ func TestKernelLauncherDefinesVFOnFreeRootPort(t *testing.T) {
 	if os.Getenv("VFNET_REQUIRE_LIBVIRT") == "1" {
 		skip = t.Fatalf
 	}
-	if os.Geteuid() != 0 {
-		skip("%s", "needs root: libvirtd, the sidecar and the launcher run as uid 107 in a private mount namespace (unshare -m)")
-	}
+	needRoot(t, "libvirtd, the sidecar and the launcher run as uid 107 in a private mount namespace (unshare -m)")
 	root, err := product.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := os.Getenv("VFNET_CACHE")
-	if cache == "" {
-		cache = filepath.Join(root, ".cache")
-	}
-	virtEnv, err := readEnvFile(filepath.Join(cache, "virt", "env"))
-	if err != nil {
-		skip("no libvirt 11.3 unpacked (%v): run hack/virt-deps.sh", err)
-	}
-	kernelEnv, err := readEnvFile(filepath.Join(cache, "kernel", "env"))
-	if err != nil || kernelEnv["QEMU"] == "" {
-		skip("no QEMU unpacked (%v): run hack/kernel-deps.sh", err)
-	}
+	virtEnv, kernelEnv := virtTools(t)
 	for _, tool := range []string{"unshare", "setpriv", "mount"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			skip("needs %s (util-linux): %v", tool, err)

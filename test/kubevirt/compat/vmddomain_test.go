@@ -98,12 +98,7 @@ func TestQEMUVFIOHostTakesNoDomainBeyondFFFF(t *testing.T) {
 // QEMU's command line (virsh domxml-to-native).
 func TestLibvirtPassesVMDDomainToQEMU(t *testing.T) {
 	virt, kernel := virtTools(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("VFNET_REQUIRE_LIBVIRT") == "1" {
-			t.Fatal("needs root: libvirtd runs as uid 107 in a private mount namespace (unshare -m)")
-		}
-		t.Skip("needs root: libvirtd runs as uid 107 in a private mount namespace (unshare -m)")
-	}
+	needRoot(t, "libvirtd runs as uid 107 in a private mount namespace (unshare -m)")
 	tmp, err := os.MkdirTemp("", "vfvmd") // short: the socket path must fit sun_path
 	if err != nil {
 		t.Fatal(err)
