@@ -134,8 +134,15 @@ func TestHostEvents(t *testing.T) {
 		}
 	}
 	t.Logf("rescans and their causes:\n  %s", strings.Join(causes, "\n  "))
+	// The kernel's events named the PF: only it was reread.
+	scoped := regexp.MustCompile(`"Rescan" cause="host events: [^"]*uevent change pci ` + regexp.QuoteMeta(numa1.Address) + `[^"]*" pfs=\[("[^"]*",)*"` + regexp.QuoteMeta(numa1.Address) + `"`)
+	if !scoped.MatchString(d.logs.String()) {
+		t.Errorf("no rescan of PF %s alone after its sriov_numvfs change (want a line matching %s)", numa1.Address, scoped)
+	}
 	for _, c := range causes {
-		if !strings.HasPrefix(c, "host events: ") && c != "PF health changed" {
+		// A timer's rescan is "resync" alone; triggered ones join their
+		// causes ("PF health changed; host events: ...").
+		if c == "resync" || c == "VF count change pending" {
 			t.Errorf("a rescan caused by %q: with the resync an hour away, every rescan must follow an event", c)
 		}
 	}
