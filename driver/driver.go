@@ -44,6 +44,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/plugin"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/publish"
+	"github.com/vfnet-io/vfnet/driver/standby"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 	"github.com/vfnet-io/vfnet/pkg/api/nodeconfig"
 )
@@ -109,6 +110,8 @@ type Config struct {
 	BindingName string
 	// Simulated: Host is a simulator's (no QEMU behind a launcher).
 	Simulated bool
+	// Standby is the failover standby plumbing (standby.go).
+	Standby StandbyConfig
 }
 
 // Validate checks the settings that need neither the host nor the API
@@ -145,6 +148,10 @@ type Driver struct {
 	// event is about.
 	seen    atomic.Pointer[hostModel]
 	started chan struct{}
+	// nri and plumber make failover standbys (standby.go); nri is nil
+	// when vfnet plumbs none.
+	nri     *standby.NRI
+	plumber standby.Netlink
 }
 
 // New checks cfg (Validate). Nothing runs and nothing is read from the
@@ -191,7 +198,7 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 		// A count change waits until the API server shows its taints.
 		PublishedSlices: d.publishedSlices,
 	})
-	state, err := prepare.New(prepare.Options{
+	popts := prepare.Options{
 		NodeName: cfg.NodeName, Sysfs: cfg.Host.Sysfs, Writer: cfg.Host.Writer, Links: cfg.Host.Links, DevRoot: cfg.Host.DevRoot,
 		CheckpointPath: filepath.Join(cfg.PluginDir, checkpoint.FileName), CDIRoot: cfg.CDIRoot, Kube: cfg.Kube,
 		MACs:      maclookup.Lookup{Kube: cfg.Kube, VMIs: maclookup.DynamicVMIGetter{Client: cfg.Dynamic}, BindingName: cfg.BindingName},
@@ -201,7 +208,12 @@ func (d *Driver) assemble(events record.EventRecorder) error {
 		Observer:  d.metrics,
 		// A VF count change may have waited for this claim.
 		AfterUnprepare: d.republishAfterUnprepare,
-	})
+	}
+	d.newStandby()
+	if d.nri != nil {
+		popts.StandbyBridge = d.standbyBridge
+	}
+	state, err := prepare.New(popts)
 	if err != nil {
 		return fmt.Errorf("load prepare state: %w", err)
 	}
@@ -225,6 +237,15 @@ func (d *Driver) Run(ctx context.Context) error {
 	if err := d.assemble(events); err != nil {
 		return err
 	}
+	// A kill between recording and setting a failover VF's parked MAC is
+	// finished here; the prepare calls and the watcher repair it too.
+	if err := d.state.Converge(ctx); err != nil {
+		logger.Error(err, "Failover VF MACs not as the checkpoint wants; the migration watcher retries")
+	}
+	// Before the kubelet plugin: a failover claim is refused until NRI
+	// is connected.
+	waitStandby := d.runStandby(ctx)
+	defer func() { cancel(nil); waitStandby() }()
 	p, err := plugin.Start(ctx, plugin.Options{
 		NodeName: cfg.NodeName, KubeClient: cfg.Kube,
 		RegistrarDir: cfg.RegistrarDir, PluginDir: cfg.PluginDir, CDIDir: cfg.CDIRoot, PodUID: cfg.PodUID,
@@ -349,6 +370,7 @@ func (d *Driver) runMigration(ctx context.Context, events record.EventRecorder) 
 		return migration.Run(ctx, migration.Options{
 			NodeName: cfg.NodeName, KubeletPodsDir: cfg.KubeletPodsDir, Simulate: cfg.Simulated, ProcRoot: cfg.ProcRoot,
 			BindingName: cfg.BindingName, Kube: cfg.Kube, Dynamic: cfg.Dynamic, Recorder: events, OnAttach: d.metrics.AttachDone,
+			Failover: d.state,
 		})
 	})
 	if err != nil && ctx.Err() == nil {
@@ -357,9 +379,9 @@ func (d *Driver) runMigration(ctx context.Context, events record.EventRecorder) 
 	}
 }
 
-// republishForHealth asks the publish loop for a scan now: a PF's link went
-// down or up, or the PF vanished, so its VFs' taint changes.
-func (d *Driver) republishForHealth() { d.loop.TriggerFor("PF health changed") }
+// republishForHealth asks the publish loop to reread the PFs whose link
+// went down or up, or which vanished, now: their VFs' taint changes.
+func (d *Driver) republishForHealth(pfs []string) { d.loop.TriggerPFs("PF health changed", pfs) }
 
 // republishAfterUnprepare asks for a scan now: a VF count change may have
 // waited for the claim just unprepared.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,10 +137,51 @@ type Device struct {
 	// Applied is the VF link state prepare sets.
 	Applied vflink.VFState `json:"applied"`
 
+	// Failover marks a device of a request whose VFConfig asks for a
+	// virtio-net failover pair; only its MAC is ever parked.
+	Failover bool `json:"failover,omitempty"`
+	// MACParked: the VF's MAC is held at zero instead of Applied.MAC,
+	// because the VF is out of the guest (a migration target before its
+	// attach, a source after its detach) and the NIC must steer the VM's
+	// frames to the PF, where the standby path is. It is written before
+	// the host is changed; a restarted driver makes the VF match it.
+	MACParked bool `json:"macParked,omitempty"`
+
 	// IOMMUGroup and DevNode ("vfio/42" or "vfio/noiommu-42", relative to
 	// the dev root) are known once the VF is bound to vfio-pci.
 	IOMMUGroup string `json:"iommuGroup,omitempty"`
 	DevNode    string `json:"devNode,omitempty"`
+
+	// Failover standby plumbing (VFConfig.failover): what the NRI plugin
+	// (driver/standby) needs to connect the standby tap in the launcher
+	// pod, recorded at prepare so that a restarted driver still knows it.
+	// nil for a device without failover. Replaced whole, never changed in
+	// place (Clone shares it).
+	Standby *Standby `json:"standby,omitempty"`
+}
+
+// Standby is what a failover device's standby plumbing needs.
+type Standby struct {
+	// PodUIDs are the pods reserving the claim at prepare (the launcher).
+	PodUIDs []types.UID `json:"podUIDs"`
+	// Interface is the VMI interface name; the tap is
+	// pkg/contract/standby.TargetDev(Interface).
+	Interface string `json:"interface"`
+	// MAC is the VF's fixed MAC, which the standby shares.
+	MAC string `json:"mac"`
+	// Bridge is the node bridge (nodeconfig standby.bridge) the standby's
+	// veth joins.
+	Bridge string `json:"bridge"`
+}
+
+// Wanted is the VF link state the device should have now: Applied, with
+// the MAC zeroed while it is parked.
+func (d Device) Wanted() vflink.VFState {
+	w := d.Applied
+	if d.MACParked && len(w.MAC) > 0 {
+		w.MAC = make(net.HardwareAddr, len(w.MAC))
+	}
+	return w
 }
 
 // Claim is one claim's entry.

@@ -39,9 +39,10 @@ type Options struct {
 	// (vflink.Links.Resolve); nil: not checked.
 	Resolve func(netdev string) error
 	// OnPFChange, if set, is called (outside the monitor's lock) after an
-	// Observe in which some PF changed state: the slices loop republishes
-	// with or without taints.
-	OnPFChange func()
+	// Observe in which some PF changed state, with the addresses of those
+	// PFs, sorted: the slices loop rereads them and republishes with or
+	// without taints.
+	OnPFChange func(pfs []string)
 }
 
 // PF health states: the state label of vfnet_driver_pf_health and the
@@ -108,13 +109,13 @@ var linkDown = map[string]bool{"down": true, "lowerlayerdown": true, "notpresent
 // Observe updates health from a fresh host model. offered are the devices
 // currently offered; devices seen before keep being tracked.
 func (m *Monitor) Observe(pfs []sysfs.PF, offered []discovery.Device) {
-	if m.observe(pfs, offered) && m.opts.OnPFChange != nil {
-		m.opts.OnPFChange()
+	if changed := m.observe(pfs, offered); len(changed) > 0 && m.opts.OnPFChange != nil {
+		m.opts.OnPFChange(changed)
 	}
 }
 
-// observe updates health and reports whether a PF changed state.
-func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged bool) {
+// observe updates health and returns the PFs that changed state, sorted.
+func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged []string) {
 	type vfInfo struct {
 		pf         *sysfs.PF
 		vfs        map[string]bool
@@ -162,9 +163,12 @@ func (m *Monitor) observe(pfs []sysfs.PF, offered []discovery.Device) (pfChanged
 				p.Name = nd
 			}
 		}
-		pfChanged = pfChanged || (p.State != "" && p.State != state)
+		if p.State != "" && p.State != state {
+			pfChanged = append(pfChanged, addr)
+		}
 		p.State = state
 	}
+	slices.Sort(pfChanged)
 
 	changed := false
 	for _, e := range m.devices {

@@ -125,7 +125,12 @@ func TestObserveUnchangedDoesNotWake(t *testing.T) {
 func TestPFStates(t *testing.T) {
 	t.Parallel()
 	calls := 0
-	m := NewMonitor(Options{PoolName: "node", OnPFChange: func() { calls++ }})
+	m := NewMonitor(Options{PoolName: "node", OnPFChange: func(pfs []string) {
+		calls++
+		if len(pfs) != 1 || pfs[0] != "0000:3b:00.0" {
+			t.Errorf("OnPFChange(%v), want the one PF", pfs)
+		}
+	}})
 	offered := []discovery.Device{
 		{Name: "vf-0000-3b-01-0", Address: "0000:3b:01.0", PFAddress: "0000:3b:00.0", Network: "physnet-a"},
 	}

@@ -74,7 +74,15 @@ type Result struct {
 	// resourceClaims entry names a template), so a migration target gets
 	// a claim and VF of its own.
 	FromTemplate bool
+	// MigrationTarget: the consuming launcher pod is the target pod of a
+	// live migration (KubeVirt labels it MigrationJobLabel), so the VM is
+	// still running on the source node while this VF is prepared.
+	MigrationTarget bool
 }
+
+// MigrationJobLabel is the label KubeVirt's migration controller puts on
+// a migration's target launcher pod (kubevirt.io/api core/v1).
+const MigrationJobLabel = "kubevirt.io/migrationJobUID"
 
 // MACFor returns the macAddress of the VMI interface backed by claim's
 // request (a subrequest "req/sub" matches networks naming "req"). found is
@@ -154,6 +162,7 @@ func (l Lookup) Find(ctx context.Context, claim *resourceapi.ResourceClaim, requ
 			},
 			FromTemplate: annotated || ci.FromTemplate(),
 		}
+		_, r.MigrationTarget = pod.Labels[MigrationJobLabel]
 		if ci.Interface.MacAddress == "" {
 			if noMAC == nil {
 				noMAC = &r

@@ -43,6 +43,9 @@ type Options struct {
 	Recorder record.EventRecorder
 	// OnAttach, if set, sees every finished attach (vmiwatch.Config.OnAttach).
 	OnAttach func(side string, d time.Duration, err error)
+	// Failover parks failover VFs' MACs around a migration
+	// (vmiwatch.Config.Failover); nil leaves MACs alone.
+	Failover vmiwatch.FailoverMACs
 }
 
 // NewRecorder returns an EventRecorder that writes core/v1 Events as
@@ -86,6 +89,7 @@ func Run(ctx context.Context, o Options) error {
 			Timeout: o.Timeout,
 		},
 		Recorder:       recorder,
+		Failover:       o.Failover,
 		ResolveTimeout: o.Timeout,
 		OnAttach:       o.OnAttach,
 	})

@@ -134,6 +134,9 @@ func (s *State) record(ctx context.Context, claim *resourceapi.ResourceClaim, re
 			d.Original.MAC = make(net.HardwareAddr, len(d.Original.MAC))
 		}
 		d.Applied = p.config.Apply(d.Original, p.mac)
+		d.Failover = p.config.WantsFailover()
+		d.MACParked = p.parkMAC
+		d.Standby = p.standby
 		entry.Devices = append(entry.Devices, d)
 	}
 	// The holder check and the write happen under one lock: two claims can
@@ -207,7 +210,7 @@ func (s *State) forward(ctx context.Context, claim *resourceapi.ResourceClaim, e
 	}
 	s.hook(StepCheckpointApplying)
 	for _, d := range entry.Devices {
-		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Applied); err != nil {
+		if err := s.setLink(s.pfInfo(ctx, d), d.VFIndex, d.Wanted()); err != nil {
 			return at(ErrStepLink, stepError(d, "apply VF link settings through the PF", err))
 		}
 	}

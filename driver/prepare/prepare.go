@@ -128,6 +128,13 @@ type Options struct {
 	// AfterUnprepare, if set, is called after each Unprepare call (a VF
 	// count change may have waited for it); it must not block.
 	AfterUnprepare func()
+	// StandbyBridge, if set, returns the node bridge the failover standby
+	// of a VF of PF pfAddress (netdev pfNetDev) connects to, or why there
+	// is none usable (no standby.bridge for the PF, the bridge missing, the
+	// runtime's NRI not connected), which refuses the claim. nil: vfnet
+	// plumbs no standby (--standby-nri=false, or a simulated driver
+	// without --standby-netns) and records none.
+	StandbyBridge func(ctx context.Context, pfAddress, pfNetDev string) (string, error)
 }
 
 // Observer sees the outcome of every claim's prepare and unprepare: how
@@ -503,6 +510,11 @@ type plan struct {
 	ref    vfRef
 	config v1alpha1.VFConfig
 	mac    net.HardwareAddr // nil: keep the VF's MAC
+	// parkMAC: a failover VF for a migration target pod; it gets its MAC
+	// only when it is attached after the migration.
+	parkMAC bool
+	// standby: a failover VF's standby plumbing (planStandby, standby.go).
+	standby *checkpoint.Standby
 }
 
 // ourResults are the allocation results this driver must prepare.
@@ -539,12 +551,16 @@ func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim,
 			return nil, fmt.Errorf("device %s: %w", r.Device, err)
 		}
 		p := plan{result: r, ref: ref, config: cfg}
+		var looked *maclookup.Result // the VMI interface, when read
 		if cfg.MAC != nil {
 			p.mac, _ = v1alpha1.ParseMAC(*cfg.MAC) // validated by vfConfigForRequest
 		} else if s.opts.MACs != nil {
 			res, found, err := s.opts.MACs.Find(ctx, claim, r.Request)
 			if err != nil {
 				return nil, fmt.Errorf("device %s: find the VM interface MAC: %w", r.Device, err)
+			}
+			if found {
+				looked = &res
 			}
 			switch {
 			case found && res.MAC != nil:
@@ -559,6 +575,16 @@ func (s *State) makePlans(ctx context.Context, claim *resourceapi.ResourceClaim,
 		}
 		if cfg.WantsFailover() && p.mac == nil {
 			return nil, failoverWithoutMAC(claim, r, s.opts.MACs != nil)
+		}
+		if cfg.WantsFailover() {
+			if p.parkMAC, err = s.forMigrationTarget(ctx, claim, r, looked); err != nil {
+				return nil, fmt.Errorf("device %s: %w", r.Device, err)
+			}
+		}
+		if cfg.WantsFailover() {
+			if p.standby, err = s.planStandby(ctx, claim, r, p.ref, p.mac, looked); err != nil {
+				return nil, at(ErrStepPlan, err)
+			}
 		}
 		plans = append(plans, p)
 	}

@@ -70,7 +70,7 @@ func (s *State) verify(ctx context.Context, uid types.UID, entry *checkpoint.Cla
 		if err != nil {
 			return nil, stepError(*d, "read VF link settings to verify them", err)
 		}
-		for _, f := range linkDrift(cur, d.Applied) {
+		for _, f := range linkDrift(cur, d.Wanted()) {
 			drift = append(drift, fmt.Sprintf("%s: %s", d.BDF, f))
 		}
 		cdiDevs = append(cdiDevs, cdiDevice{Name: d.Device, DevNode: d.DevNode})

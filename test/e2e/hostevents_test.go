@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vfnet-io/vfnet/test/lib/flow"
 )
@@ -51,6 +54,16 @@ func TestDriverFollowsHostEvents(t *testing.T) {
 	}
 	waitTaints(ctx, t, env, n, map[string]string{vf: "link-down"})
 	t.Logf("measured: link down -> VF tainted in the API: %v", time.Since(t0).Round(10*time.Millisecond))
+	// The health monitor may taint first; the link event's own rescan
+	// follows. Let it happen before the file changes: a config change in
+	// the same burst makes the rescan a full one, which is right but not
+	// what this test checks.
+	linkRescan := regexp.MustCompile(`"Rescan" cause="host events: [^"]*link new enp59s0f0 down`)
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return linkRescan.MatchString(n.DriverLog(1 << 20)), nil
+	}); err != nil {
+		t.Fatalf("no rescan for the link event within a minute: %v\n%s", err, n.DriverLog(6000))
+	}
 
 	// The node configuration loses physnet-b, replaced the way the kubelet
 	// updates a ConfigMap volume: a new file renamed over the old one.

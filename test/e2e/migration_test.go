@@ -69,17 +69,19 @@ func TestLiveMigration(t *testing.T) {
 	}
 	var latencies []time.Duration
 	for _, tc := range []struct {
-		vm   string
-		mac  string
-		fail bool
+		vm             string
+		mac            string
+		fail, failover bool
 	}{
-		{"vm-mig", "02:00:00:00:07:01", false},
-		{"vm-fail", "02:00:00:00:07:02", true},
+		{"vm-mig", "02:00:00:00:07:01", false, false},
+		{"vm-fail", "02:00:00:00:07:02", true, false},
+		{"vm-fo", "02:00:00:00:07:03", false, true},
+		{"vm-fo-fail", "02:00:00:00:07:04", true, true},
 	} {
-		d := runMigration(ctx, t, env, nodes, tc.vm, tc.mac, tc.fail)
+		d := runMigration(ctx, t, env, nodes, tc.vm, tc.mac, tc.fail, tc.failover)
 		latencies = append(latencies, d)
 	}
-	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s", latencies[0], latencies[1])
+	t.Logf("migration end (status update) -> VF attached: completed %s, failed %s; with failover: completed %s, failed %s", latencies[0], latencies[1], latencies[2], latencies[3])
 	checkAttachMetrics(ctx, t, nodes)
 	checkNotMigratableWarning(ctx, t, env)
 	checkMACWarning(ctx, t, env, nodes)
@@ -98,9 +100,18 @@ func TestLiveMigration(t *testing.T) {
 
 // runMigration migrates one VM and returns the time from the status update
 // that ends the migration to the attach arriving at the fake libvirt.
-func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[string]*flow.Node, name, mac string, fail bool) time.Duration {
+//
+// With failover (VFConfig.failover) it also checks the MAC choreography:
+// the target VF is prepared with its MAC parked (zero); the source VF's
+// MAC is parked once the source launcher detaches it; and the VF that is
+// attached in the end has the VM's MAC back when the attach arrives.
+func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[string]*flow.Node, name, mac string, fail, failover bool) time.Duration {
 	t.Helper()
-	vm, err := env.CreateVM(ctx, flow.VMSpec{Name: name, DeviceClass: "vfnet-physnet-a", MAC: mac, VLAN: 100})
+	spec := flow.VMSpec{Name: name, DeviceClass: "vfnet-physnet-a", MAC: mac, VLAN: 100}
+	if failover {
+		spec.Settings = map[string]any{"failover": true}
+	}
+	vm, err := env.CreateVM(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +127,10 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	checkVF(t, src, srcVF, mac, "vfio-pci")
 	domain := vmiwatch.DomainName(vm.VMI.Namespace, vm.VMI.Name)
 	srcLibvirt := startLauncherLibvirt(t, src, vm.Pod.UID, domain)
+	if failover {
+		// The VM runs with its VF: the source launcher detaches it below.
+		plugHostdev(t, srcLibvirt, domain, srcVF, "net1")
+	}
 
 	// KubeVirt runs the VM on the source node.
 	vmi := vm.VMI
@@ -145,8 +160,12 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	}
 	dstVF := vfRef(ctx, t, env, dst.Name, dstSched.Device.Device)
 	// Same MAC on both sides: the target claim is prepared with the VMI
-	// interface's macAddress.
-	checkVF(t, dst, dstVF, mac, "vfio-pci")
+	// interface's macAddress; a failover VF gets it only at its attach.
+	if failover {
+		checkVF(t, dst, dstVF, parkedMAC, "vfio-pci")
+	} else {
+		checkVF(t, dst, dstVF, mac, "vfio-pci")
+	}
 	dstLibvirt := startLauncherLibvirt(t, dst, target.UID, domain)
 
 	// The migration runs (virt-controller / virt-handler status updates).
@@ -163,6 +182,17 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	ms.TargetNodeDomainDetected, ms.TargetNodeDomainReadyTimestamp = true, now()
 	vmi.Status.MigrationState = ms
 	vmi = updateVMIStatus(ctx, t, env, vmi)
+	if failover {
+		// KubeVirt's source launcher unplugs every SR-IOV hostdev before
+		// migrating; the source driver parks the VF's MAC at once.
+		t1 := time.Now()
+		if err := srcLibvirt.Detach(domain, attach.Alias("net1")); err != nil {
+			t.Fatal(err)
+		}
+		waitVFMAC(ctx, t, src, srcVF, parkedMAC)
+		t.Logf("%s: source VF %s detached -> MAC parked in %s", name, srcVF.BDF, time.Since(t1))
+		checkVF(t, dst, dstVF, parkedMAC, "vfio-pci")
+	}
 
 	// ... and ends.
 	ms = ms.DeepCopy()
@@ -184,6 +214,17 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 		vmi.Labels[kubevirtv1.NodeNameLabel] = dst.Name
 	}
 	vmi.Status.MigrationState = ms
+	// The VF must carry the VM's MAC when it is plugged: the guest's VF
+	// driver reads it then.
+	macAtAttach := make(chan string, 1)
+	want.OnAttach(func(libvirtfake.Attach) {
+		st, err := winner.VFState(wantVF)
+		if err != nil {
+			macAtAttach <- err.Error()
+			return
+		}
+		macAtAttach <- st.Link.MAC.String()
+	})
 	t0 := time.Now()
 	vmi = updateVMIStatus(ctx, t, env, vmi)
 	var got libvirtfake.Attach
@@ -194,6 +235,9 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	}
 	latency := got.At.Sub(t0)
 	checkAttach(t, want, domain, got, wantVF, "net1")
+	if m := <-macAtAttach; m != mac {
+		t.Errorf("%s: VF %s had MAC %s when its attach arrived, want %s", name, wantVF.BDF, m, mac)
+	}
 	if !fail {
 		// ... and then finalizes it, dropping the target label: the VMI
 		// moves from one of the target driver's informers to the other
@@ -233,7 +277,54 @@ func runMigration(ctx context.Context, t *testing.T, env *flow.Env, nodes map[st
 	}
 	checkVF(t, winner, wantVF, mac, "vfio-pci")
 	t.Logf("%s (failed=%v): VF %s attached on %s %s after the migration ended", name, fail, wantVF.BDF, winner.Name, latency)
+	// The VM stops: its VF goes back to the pool for the next case.
+	kept := vm.Pod
+	if !fail {
+		kept = target
+	}
+	if err := env.Client.CoreV1().Pods(kept.Namespace).Delete(ctx, kept.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := winner.Kubelet.WaitUnprepared(ctx, kept.UID); err != nil {
+		t.Fatal(err)
+	}
 	return latency
+}
+
+// parkedMAC is a failover VF's MAC while it is out of the guest.
+const parkedMAC = "00:00:00:00:00:00"
+
+// plugHostdev puts the VF into the running domain as the vfnet binding
+// writes it at VM start.
+func plugHostdev(t *testing.T, srv *libvirtfake.Server, domain string, vf flow.VFRef, iface string) {
+	t.Helper()
+	a, err := pciaddr.Parse(vf.BDF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := attach.Hostdev{Interface: iface, Source: a}.XML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Plug(domain, x); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitVFMAC(ctx context.Context, t *testing.T, n *flow.Node, ref flow.VFRef, mac string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		st, err := n.VFState(ref)
+		if err != nil {
+			return false, err
+		}
+		last = st.Link.MAC.String()
+		return last == mac, nil
+	})
+	if err != nil {
+		t.Fatalf("VF %s on %s: MAC %s, want %s: %v\n--- driver log ---\n%s", ref.BDF, n.Name, last, mac, err, n.DriverLog(6000))
+	}
 }
 
 func otherNode(nodes map[string]*flow.Node, name string) *flow.Node {
@@ -453,7 +544,7 @@ func checkMACWarning(ctx context.Context, t *testing.T, env *flow.Env, nodes map
 func checkAttachMetrics(ctx context.Context, t *testing.T, nodes map[string]*flow.Node) {
 	t.Helper()
 	const name = "vfnet_driver_migration_attach_duration_seconds" // a histogram: Sum counts samples
-	want := map[[2]string]float64{{"target", "success"}: 1, {"source", "success"}: 1, {"target", "error"}: 0, {"source", "error"}: 0}
+	want := map[[2]string]float64{{"target", "success"}: 2, {"source", "success"}: 2, {"target", "error"}: 0, {"source", "error"}: 0}
 	var why error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		got := map[[2]string]float64{}

@@ -37,6 +37,11 @@ func (a noAttach) Attach(context.Context, attach.Request) (attach.Result, error)
 	return attach.Result{}, fmt.Errorf("unexpected")
 }
 
+func (a noAttach) WaitRemoved(context.Context, attach.Removal) error {
+	a.t.Error("unexpected removal watch")
+	return fmt.Errorf("unexpected")
+}
+
 // wireRecorder keeps every VMI list and watch response body the client
 // receives: what reaches the driver over the wire.
 type wireRecorder struct {

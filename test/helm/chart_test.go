@@ -196,7 +196,7 @@ func TestDiffNamesObjectAndField(t *testing.T) {
 	})
 	diff := chartDiff(t, k, c)
 	wantLines := []string{
-		`DaemonSet vfnet-system/vfnet-driver: spec.template.spec.containers[name=driver].args[6]: want missing, got --v=2`,
+		`DaemonSet vfnet-system/vfnet-driver: spec.template.spec.containers[name=driver].args[7]: want missing, got --v=2`,
 		`DaemonSet vfnet-system/vfnet-driver: spec.template.spec.containers[name=driver].resources.requests.memory: want 50Mi, got 64Mi`,
 		`ConfigMap vfnet-system/vfnet-node-config: data.node-config.yaml.pfs[0].numVFs: want missing, got 8`,
 		`ConfigMap vfnet-system/vfnet-node-config: data.node-config.yaml.pfs[1]: want ` + "\n    network: physnet-b\n    pfName: enp59s0f1, got missing",

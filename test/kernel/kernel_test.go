@@ -98,6 +98,10 @@ func TestRealKernel(t *testing.T) {
 		kubeconfig = plane.AdminKubeconfig
 	}
 	virt := slices.ContainsFunc(cases, layout.NeedsVirt)
+	wire := slices.ContainsFunc(cases, layout.NeedsWire)
+	if wire {
+		lay.Peer = layout.PeerNIC
+	}
 	step := time.Now()
 	// Built into the cache, not the test's temp dir: go build leaves an
 	// up-to-date binary alone, so a warm run skips the links (about 25
@@ -108,7 +112,7 @@ func TestRealKernel(t *testing.T) {
 	}
 	bins := buildGuestBinaries(t, repo, binDir, virt)
 	t.Logf("guest binaries built: %s", time.Since(step).Round(time.Millisecond))
-	img := Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig}
+	img := Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig, Wire: wire}
 	if virt {
 		img.Virt = virtImage(t, repo, cache, env, work, bins)
 	}
@@ -161,6 +165,7 @@ func TestRealKernel(t *testing.T) {
 		t.Logf("boot %d stalled: %v\nits console's last lines:\n%s", attempt, runErr, tail(console.String(), 60))
 	}
 	saveTrace(t, console.String(), filepath.Join(env.Dir, "last-trace.json"))
+	logWire(t, console.String())
 	parsed, err := ParseConsole(bytes.NewReader(console.Bytes()))
 	if err != nil {
 		t.Fatal(err)
@@ -297,6 +302,16 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 	}
 	t.Logf("virt-deps (%s) and the VM's initramfs: %s", v.Version, time.Since(start).Round(time.Millisecond))
 	return v
+}
+
+// logWire logs the wire case's measured counts (its layout.MarkWire line),
+// for BENCHMARKS.md.
+func logWire(t *testing.T, console string) {
+	for _, l := range strings.Split(console, "\n") {
+		if i := strings.Index(l, layout.MarkWire+" "); i >= 0 {
+			t.Logf("wire case counts: %s", strings.TrimSpace(l[i+len(layout.MarkWire)+1:]))
+		}
+	}
 }
 
 func tail(s string, n int) string {

@@ -222,3 +222,29 @@ func TestLoadVirtReadsVersion(t *testing.T) {
 		t.Errorf("LoadVirt: root %q, version %q, libs %q", v.Root, v.Version, v.Libs)
 	}
 }
+
+// The wire (a hub on the main PF and the peer NIC) is in the machine only
+// when the wire case runs: the other cases boot the machine they were
+// measured on.
+func TestQEMUArgsWireOnlyForTheWireCase(t *testing.T) {
+	e := &Env{Vmlinux: "vmlinux"}
+	for _, tc := range []struct {
+		cases []string
+		wire  bool
+	}{
+		{[]string{"prepare", "vm"}, false},
+		{[]string{"wire"}, true},
+		{[]string{"prepare", "wire"}, true},
+		{nil, true}, // every case
+	} {
+		args := strings.Join(e.QEMUArgs("initrd", tc.cases, false), " ")
+		hub := strings.Contains(args, "hubport") || strings.Contains(args, "netdev=wire0") ||
+			strings.Contains(args, "addr=0x6") || strings.Contains(args, "iomem=relaxed")
+		if hub != tc.wire {
+			t.Errorf("cases %v: wire in the machine %v, want %v: %s", tc.cases, hub, tc.wire, args)
+		}
+		if tc.wire && !strings.Contains(args, "igb,bus=rp1,addr=0x0,netdev=wire0") {
+			t.Errorf("cases %v: the main PF is not on the wire: %s", tc.cases, args)
+		}
+	}
+}

@@ -71,6 +71,11 @@ func GuestModules() []string {
 	return []string{"vfio", "vfio_iommu_type1", "vfio_pci", "igb", "igbvf", "virtio_pci", "virtio_net"}
 }
 
+// WireModules are the modules the wire case loads itself (with what they
+// need): its bridge, VLAN devices, veth pair and macvlan. Only a machine
+// with the wire carries them, so the other cases' boot is unchanged.
+func WireModules() []string { return []string{"bridge", "8021q", "veth", "macvlan"} }
+
 // Image is what goes into the guest's initramfs besides the system files.
 type Image struct {
 	// Init is the guest's /init: the static case binary (go test -c).
@@ -82,6 +87,8 @@ type Image struct {
 	Kubeconfig string
 	// Virt, when set, adds libvirt, QEMU and the VM's files (the vm case).
 	Virt *VirtImage
+	// Wire adds WireModules (the wire case).
+	Wire bool
 }
 
 // VirtImage is what the vm case runs inside the guest: libvirt and QEMU at
@@ -282,6 +289,15 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 	if err != nil {
 		return err
 	}
+	var wireOrder []string
+	if img.Wire {
+		// Only what the boot has not loaded already.
+		all, err := mods.Order(append(GuestModules(), WireModules()...))
+		if err != nil {
+			return err
+		}
+		wireOrder = slices.DeleteFunc(all, func(p string) bool { return slices.Contains(order, p) })
+	}
 	libs, err := SharedLibs(e.IP, e.GuestLibs)
 	if err != nil {
 		return fmt.Errorf("iproute2's ip: %w", err)
@@ -291,7 +307,19 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 		return err
 	}
 	return writeArchive(out, func(c *CPIO) error {
-		return e.fillInitramfs(c, img, order, libs, lay)
+		if err := e.fillInitramfs(c, img, order, libs, lay); err != nil {
+			return err
+		}
+		var list bytes.Buffer
+		for i, p := range wireOrder {
+			g := fmt.Sprintf("/lib/modules/wire/%02d-%s.ko", i, ModuleName(p))
+			c.CopyFile(g, p)
+			fmt.Fprintln(&list, g)
+		}
+		if img.Wire {
+			c.File(layout.WireModuleOrder, 0o644, list.Bytes())
+		}
+		return nil
 	})
 }
 
@@ -365,7 +393,10 @@ func writeArchive(out string, fill func(*CPIO) error) error {
 // remapping needs the split irqchip; caching-mode lets vfio map DMA), two
 // NUMA nodes, and the igb PFs of the layout each behind its own root port.
 // With userNet, a virtio NIC on QEMU's user-mode network lets the guest
-// reach the host's loopback (the harness's API server) at 10.0.2.2.
+// reach the host's loopback (the harness's API server) at 10.0.2.2. When
+// the cases include the wire case, the main PF gets a wire: a QEMU hub
+// joining it to a second outer NIC (layout.PeerNIC); the other PFs, and
+// the main PF of a run without that case, have no network backend.
 func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	args := []string{}
 	for _, d := range e.QEMUData {
@@ -389,11 +420,22 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	if len(cases) > 0 {
 		cmdline = append(cmdline, layout.CasesArg+"="+strings.Join(cases, ","))
 	}
+	wire := len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsWire)
+	if wire {
+		// The wire case maps the PF's register BAR read-only to log the
+		// receive filters; Debian's IO_STRICT_DEVMEM refuses a BAR a
+		// driver holds without it.
+		cmdline = append(cmdline, "iomem=relaxed")
+	}
 	// MiB per NUMA node. The vm case's initramfs is about 250 MiB larger,
 	// and its VM's memory is locked for VFIO.
 	node := 384
 	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) {
 		node = 1024
+	}
+	mainNet := ""
+	if wire {
+		mainNet = ",netdev=wire0"
 	}
 	args = append(args,
 		// One host thread runs both vCPUs in turn (thread=single): with a
@@ -415,7 +457,7 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		"-device", "intel-iommu,intremap=on,caching-mode=on",
 		// main: 0000:01:00.0
 		"-device", "pcie-root-port,id=rp1,bus=pcie.0,addr=0x2,chassis=1",
-		"-device", "igb,bus=rp1,addr=0x0",
+		"-device", "igb,bus=rp1,addr=0x0"+mainNet,
 		// shared-group: 0000:02:00.0, no ACS on its port
 		"-device", "pcie-root-port,id=rp2,bus=pcie.0,addr=0x3,chassis=2,disable-acs=on",
 		"-device", "igb,bus=rp2,addr=0x0",
@@ -424,6 +466,13 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		"-device", "pcie-root-port,id=rp3,bus=pxb1,addr=0x0,chassis=3",
 		"-device", "igb,bus=rp3,addr=0x0",
 	)
+	if wire {
+		// A hub of two ports forwards each frame to the other: the wire
+		// from the main PF to the peer NIC, with no host networking.
+		args = append(args,
+			"-netdev", "hubport,id=wire0,hubid=1", "-netdev", "hubport,id=wire1,hubid=1",
+			"-device", "virtio-net-pci,netdev=wire1,bus=pcie.0,addr=0x6,romfile=")
+	}
 	if userNet {
 		args = append(args, "-netdev", "user,id=api,ipv6=off", "-device", "virtio-net-pci,netdev=api,bus=pcie.0,addr=0x5,romfile=")
 	}

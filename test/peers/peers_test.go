@@ -241,7 +241,9 @@ func vfnetCmd(t *testing.T, bin, kubeconfig string, p *proc, cfg, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostArgs := []string{"--host-netns", ns, "--dev-root", h.DevRoot()}
+	// The NRI plugin dials a socket nobody serves (a node whose runtime has
+	// NRI off), never this machine's runtime.
+	hostArgs := []string{"--host-netns", ns, "--dev-root", h.DevRoot(), "--nri-socket", filepath.Join(t.TempDir(), "nri.sock")}
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(cfgFile, []byte("apiVersion: vfnet.io/v1alpha1\nkind: NodeConfig\npfs:\n"+cfg), 0o644); err != nil {
 		t.Fatal(err)

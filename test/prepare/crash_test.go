@@ -100,6 +100,11 @@ func TestCrashChildProcess(t *testing.T) {
 		if res[claim.UID].Err != nil {
 			t.Fatal(res[claim.UID].Err)
 		}
+	case "park", "unpark":
+		// parkClaim is prepared; its VF's MAC is parked or restored.
+		if _, err := s.SetMACParked(ctx, parkBDF, os.Getenv(envMode) == "park"); err != nil {
+			t.Fatal(err)
+		}
 	case "unprepare":
 		res, _ := s.Unprepare(ctx, []kubeletplugin.NamespacedObject{{UID: claim.UID, NamespacedName: types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}}})
 		if res[claim.UID] != nil {

@@ -37,6 +37,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/publish"
+	"github.com/vfnet-io/vfnet/driver/standby"
 	"github.com/vfnet-io/vfnet/driver/vfcount"
 )
 
@@ -220,6 +221,9 @@ type driverFlags struct {
 	healthAddr, hostNetns                            string
 	simulate                                         bool
 	pendingInterval, claimsListTimeout               time.Duration
+	// Failover standby plumbing (driver/standby).
+	standbyNRI              bool
+	nriSocket, standbyNetns string
 }
 
 func runDriver(args []string, stderr io.Writer, sim Simulator) int {
@@ -244,6 +248,11 @@ func runDriver(args []string, stderr io.Writer, sim Simulator) int {
 	fs.StringVar(&f.bindingName, "binding-name", "vfnet", "name of the binding plugin in the KubeVirt CR")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address for /healthz, /readyz and /metrics (Prometheus) (e.g. :51515); off when empty")
 	fs.StringVar(&f.hostNetns, "host-netns", vflink.DefaultHostNetns, hostNetnsHelp)
+	fs.BoolVar(&f.standbyNRI, "standby-nri", true, "plumb failover standbys (VFConfig.failover) as an NRI plugin of the container runtime: a tap for the VM's virtio standby in each launcher pod, "+
+		"connected to the PF's node bridge (node config pfs[].standby.bridge); while NRI is not reachable failover claims are refused. false: vfnet makes no tap and failover claims are prepared without one")
+	fs.StringVar(&f.nriSocket, "nri-socket", standby.DefaultSocket, "the container runtime's NRI socket (containerd: [plugins.'io.containerd.nri.v1.nri'] socket_path)")
+	fs.StringVar(&f.standbyNetns, "standby-netns", "", "network namespace file of the node bridges failover standbys connect to; default: --host-netns "+
+		"(with --simulate: none, so a simulated driver plumbs no standby unless given one)")
 	simulateFlag(fs, &f.simulate, sim, "run on the simulated host built by test/lib/simhost under --sysfs-root instead of the real kernel (tests and demos only; its own host network namespace unless --host-netns names another file than the default)")
 	alias(fs, "node-config", "config")
 	alias(fs, "cdi-dir", "cdi-root")
@@ -340,6 +349,7 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		ClaimsListTimeout: f.claimsListTimeout,
 		RegistrarDir:      f.registrarDir, PluginDir: f.pluginDir, CDIRoot: f.cdiRoot, PodUID: f.podUID,
 		KubeletPodsDir: f.kubeletPodsDir, ProcRoot: f.procRoot, BindingName: f.bindingName, Simulated: sim != nil,
+		Standby: driver.StandbyConfig{NRI: f.standbyNRI, NRISocket: f.nriSocket, HostNetns: standbyNetns(f, sim != nil)},
 	}
 	// Flags first: a mistake there is reported before the host is touched.
 	if err := cfg.Validate(); err != nil {
@@ -381,6 +391,17 @@ func run(ctx context.Context, f driverFlags, sim Simulator) error {
 		defer srv.Close()
 	}
 	return <-done
+}
+
+// standbyNetns is where failover standbys connect: --standby-netns, else
+// the host's namespace --host-netns names. A simulated driver has none by
+// default: its --host-netns is the simulator's own namespace or, in the
+// real-node tier, the machine's, whose network a test must not change.
+func standbyNetns(f driverFlags, simulated bool) string {
+	if f.standbyNetns != "" || simulated {
+		return f.standbyNetns
+	}
+	return f.hostNetns
 }
 
 // warnSimulatedEvery says at start and every interval that the host is a

@@ -126,7 +126,9 @@ func TestDriverOnAPIServer(t *testing.T) {
 		t.Logf("measuring vfnet-driver-sim --simulate, not the shipped build: no network namespace for the PF netdevs: %v", err)
 		name, hostArgs = "vfnet-driver-sim", []string{"--simulate"}
 	} else {
-		hostArgs = append(hostArgs, "--host-netns", ns)
+		// Its NRI plugin dials a socket nobody serves, as on a node whose
+		// runtime has NRI off, never this machine's runtime.
+		hostArgs = append(hostArgs, "--host-netns", ns, "--nri-socket", filepath.Join(t.TempDir(), "nri.sock"))
 	}
 	// Built as the Dockerfile builds it (static, CGO_ENABLED=0: a cgo build
 	// also maps ld.so and libc), so the RSS below is the shipped binary's (or

@@ -39,6 +39,9 @@ type Attacher struct {
 	// InitialBackoff, MaxBackoff and Timeout bound the retries of Attach;
 	// zero values mean 20ms, 2s and 2m.
 	InitialBackoff, MaxBackoff, Timeout time.Duration
+	// Recheck is how often WaitRemoved rereads the live domain between
+	// libvirt events; zero means 1s.
+	Recheck time.Duration
 }
 
 // GaveUpError is returned by Attach when the launcher did not become

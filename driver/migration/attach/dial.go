@@ -30,6 +30,10 @@ type Session interface {
 	DomainXML(domain string) (string, error)
 	// AttachLive hot-plugs a device into the running domain only.
 	AttachLive(domain, deviceXML string) error
+	// DeviceRemoved delivers the alias of every device libvirt reports
+	// removed from a domain of this daemon (VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED)
+	// until ctx ends or the connection drops, then closes the channel.
+	DeviceRemoved(ctx context.Context) (<-chan string, error)
 	Close() error
 }
 
@@ -138,6 +142,32 @@ func (s *session) AttachLive(name, deviceXML string) error {
 		return fmt.Errorf("attach device to domain %q: %w", name, err)
 	}
 	return nil
+}
+
+func (s *session) DeviceRemoved(ctx context.Context) (<-chan string, error) {
+	evs, err := s.lv.SubscribeEvents(ctx, libvirt.DomainEventIDDeviceRemoved, libvirt.OptDomain{})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to device-removed events: %w", err)
+	}
+	out := make(chan string)
+	go func() {
+		defer close(out)
+		for ev := range evs {
+			m, ok := ev.(*libvirt.DomainEventCallbackDeviceRemovedMsg)
+			if !ok {
+				continue
+			}
+			select {
+			case out <- m.Msg.DevAlias:
+			case <-ctx.Done():
+				// Drain so go-libvirt's router never blocks on us.
+				for range evs {
+				}
+				return
+			}
+		}
+	}()
+	return out, nil
 }
 
 func (s *session) Close() error {

@@ -38,6 +38,11 @@ func (w *Watcher) run(ctx context.Context, vmi *vmiview.VMI, act Action) {
 	}
 	req, err := w.resolveWithRetry(ctx, vmi, act)
 	if err == nil {
+		// The MAC first: the guest's VF driver reads it when the VF
+		// appears.
+		err = w.unpark(ctx, vmi, req)
+	}
+	if err == nil {
 		var res attach.Result
 		res, err = w.cfg.Attacher.Attach(ctx, req)
 		if err == nil {

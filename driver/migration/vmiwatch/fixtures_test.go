@@ -159,6 +159,13 @@ func (f *fakeAttacher) Attach(_ context.Context, req attach.Request) (attach.Res
 	return res, nil
 }
 
+// WaitRemoved never sees a device leave: the watcher tests without a
+// Failover config never call it.
+func (f *fakeAttacher) WaitRemoved(ctx context.Context, _ attach.Removal) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
 func (f *fakeAttacher) requests() []attach.Request {
 	f.mu.Lock()
 	defer f.mu.Unlock()

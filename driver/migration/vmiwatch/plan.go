@@ -19,6 +19,10 @@ const (
 	// Source: the migration failed or was aborted; re-attach the source
 	// pod's original VFs, which the source launcher detached.
 	Source Side = "source"
+	// SourceDetach: the migration is under way from this node; park the
+	// MAC of each failover VF as soon as the source launcher has detached
+	// it (prepare.State.SetMACParked). It lasts until the migration ends.
+	SourceDetach Side = "source-detach"
 )
 
 // Action is one attach this node has to do for one migration.
@@ -101,6 +105,11 @@ func Plan(vmi *vmiview.VMI, ifaces []vmiview.ClaimInterface, node string) []Acti
 	}
 	var out []Action
 	switch {
+	case !v.completed && !v.failed && !v.aborted:
+		if v.sourceNode == node && v.sourcePod != "" {
+			out = append(out, Action{Side: SourceDetach, MigrationKey: v.key, PodName: v.sourcePod,
+				Domain: DomainName(vmi.Metadata.Namespace, vmi.Metadata.Name), Interfaces: ifaces})
+		}
 	case v.failed || v.aborted:
 		// The guest keeps running on the source, without the VFs its
 		// launcher detached before migrating.

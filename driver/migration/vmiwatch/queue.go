@@ -39,6 +39,7 @@ func (w *Watcher) forget(obj any) {
 	if _, held := w.lookup(key); held {
 		return
 	}
+	w.stopDetaching(m.GetUID(), nil)
 	w.mu.Lock()
 	delete(w.vmis, m.GetUID())
 	w.mu.Unlock()
@@ -123,7 +124,7 @@ func (w *Watcher) processNext(ctx context.Context) bool {
 func (w *Watcher) state(uid types.UID) *vmiState {
 	s := w.vmis[uid]
 	if s == nil {
-		s = &vmiState{started: map[string]bool{}, warned: map[string]bool{}}
+		s = &vmiState{started: map[string]bool{}, warned: map[string]bool{}, detaching: map[string]*detachRun{}}
 		w.vmis[uid] = s
 	}
 	return s

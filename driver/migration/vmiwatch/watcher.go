@@ -52,6 +52,18 @@ const (
 // Attacher is the part of attach.Attacher the watcher uses.
 type Attacher interface {
 	Attach(ctx context.Context, req attach.Request) (attach.Result, error)
+	WaitRemoved(ctx context.Context, req attach.Removal) error
+}
+
+// FailoverMACs parks and restores the MACs of failover VFs
+// (prepare.State).
+type FailoverMACs interface {
+	// IsFailover reports whether the VF at bdf is prepared on this node
+	// for a failover request.
+	IsFailover(bdf string) bool
+	// SetMACParked parks (zero) or restores the VF's MAC and reports
+	// whether it changed.
+	SetMACParked(ctx context.Context, bdf string, parked bool) (bool, error)
 }
 
 // Config wires a Watcher.
@@ -67,6 +79,9 @@ type Config struct {
 	Kube        kubernetes.Interface
 	Dynamic     dynamic.Interface
 	Attacher    Attacher
+	// Failover parks failover VFs' MACs while they are out of the guest;
+	// nil leaves every MAC alone.
+	Failover FailoverMACs
 	// Recorder records events on VMIs (given as *corev1.ObjectReference).
 	Recorder record.EventRecorder
 	// ResolveTimeout bounds waiting for the pod and its allocated claims;
@@ -97,6 +112,14 @@ type Watcher struct {
 type vmiState struct {
 	started map[string]bool // "<migration key>/<side>"
 	warned  map[string]bool // not-migratable warnings per migration key
+	// detaching are the SourceDetach runs in flight, by migration key.
+	detaching map[string]*detachRun
+}
+
+// detachRun is one SourceDetach action: it runs until the migration ends.
+type detachRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // New returns a Watcher; Run starts it.
@@ -200,12 +223,24 @@ func (w *Watcher) Sync(ctx context.Context, vmi *vmiview.VMI) error {
 		return nil
 	}
 	w.warnNotMigratable(vmi, ifaces)
-	for _, act := range Plan(vmi, ifaces, w.cfg.NodeName) {
+	acts := Plan(vmi, ifaces, w.cfg.NodeName)
+	// A detach watch whose migration is over stops before anything
+	// attaches: it must not park a MAC the attach has just restored.
+	stopped := w.stopDetaching(types.UID(vmi.Metadata.UID), acts)
+	for _, act := range acts {
 		k := act.MigrationKey + "/" + string(act.Side)
 		w.mu.Lock()
 		st := w.state(types.UID(vmi.Metadata.UID))
 		dup := st.started[k]
 		st.started[k] = true
+		var run *detachRun
+		actx := ctx
+		if !dup && act.Side == SourceDetach {
+			var cancel context.CancelFunc
+			actx, cancel = context.WithCancel(ctx)
+			run = &detachRun{cancel: cancel, done: make(chan struct{})}
+			st.detaching[act.MigrationKey] = run
+		}
 		w.mu.Unlock()
 		if dup {
 			continue
@@ -213,10 +248,46 @@ func (w *Watcher) Sync(ctx context.Context, vmi *vmiview.VMI) error {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			w.run(ctx, vmi, act)
+			if run != nil {
+				defer close(run.done)
+				defer run.cancel()
+				w.detach(actx, vmi, act)
+				return
+			}
+			for _, ch := range stopped {
+				<-ch
+			}
+			w.run(actx, vmi, act)
 		}()
 	}
 	return nil
+}
+
+// stopDetaching cancels the VMI's detach watches that acts no longer asks
+// for (all of them when acts is nil) and returns their done channels.
+func (w *Watcher) stopDetaching(uid types.UID, acts []Action) []chan struct{} {
+	keep := map[string]bool{}
+	for _, a := range acts {
+		if a.Side == SourceDetach {
+			keep[a.MigrationKey] = true
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.vmis[uid]
+	if st == nil {
+		return nil
+	}
+	var out []chan struct{}
+	for k, r := range st.detaching {
+		if keep[k] {
+			continue
+		}
+		r.cancel()
+		out = append(out, r.done)
+		delete(st.detaching, k)
+	}
+	return out
 }
 
 // kref names vmi in log lines.

@@ -64,7 +64,7 @@ func TestPlan(t *testing.T) {
 	}{
 		{"no migration", nil, "node-a", ""},
 		{"running, target", mig, "node-b", ""},
-		{"running, source", mig, "node-a", ""},
+		{"running, source watches its detach", mig, "node-a", "source-detach:virt-launcher-vm1-aaaaa:net1,net2"},
 		{"completed, target attaches template ifaces only", completed(mig), "node-b", "target:virt-launcher-vm1-bbbbb:net1"},
 		{"completed, source does nothing", completed(mig), "node-a", ""},
 		{"completed, other node", completed(mig), "node-c", ""},

@@ -17,6 +17,8 @@
 //	  vfs: [0, "2", "4-7"]    # optional: VF indexes (integers or "N" / "N-M" ranges)
 //	  allowSwitchdev: true    # optional: offer VFs even if the PF's e-switch is in switchdev mode
 //	  numVFs: 8               # optional: vfnet makes the PF have exactly 8 VFs (sriov_numvfs)
+//	  standby:                # optional: where failover standbys of this PF's VFs connect
+//	    bridge: br-phys       # a node bridge on the PF's physical network (netdev name)
 //	allowUnsafeNoIOMMU: true  # optional: offer VFs without IOMMU protection (vfio noiommu mode)
 //
 // allowSwitchdev: in switchdev mode VF traffic follows the flows on the VF
@@ -31,6 +33,12 @@
 // tool's business); with it the driver brings every PF the selector matches
 // to that many VFs (driver/vfcount), waiting while any of the PF's VFs is in
 // use.
+//
+// standby: a VF of a claim with VFConfig.failover gets a virtio standby
+// in its VM whose host side vfnet connects to this bridge of the node's
+// network namespace (driver/standby); the admin creates the bridge on the
+// PF's physical network (same VLAN). Without it failover claims on the PF
+// are refused at prepare.
 //
 // A selector names at least one of pfName, pciAddress, vendorID, deviceID;
 // when it names several, a PF must match all of them. Without vfs, every VF
@@ -97,6 +105,16 @@ type Selector struct {
 	// NumVFs is the VF count vfnet keeps the PF at; nil: vfnet never
 	// changes it.
 	NumVFs *int
+	// Standby says where the failover standbys of the PF's VFs connect;
+	// nil: failover is refused on this PF.
+	Standby *Standby
+}
+
+// Standby is a PF's failover standby setting.
+type Standby struct {
+	// Bridge is a bridge netdev in the node's network namespace on the
+	// PF's physical network.
+	Bridge string
 }
 
 // IndexSet is a set of VF indexes built from integers and "N-M" ranges.
@@ -218,7 +236,7 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 		fe.add(path, "got %s, must be a mapping with network and at least one of pfName, pciAddress, vendorID, deviceID", describe(raw))
 		return s
 	}
-	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs", "allowSwitchdev", "numVFs")
+	checkKeys(fe, path+".", m, "pfName", "pciAddress", "vendorID", "deviceID", "network", "vfs", "allowSwitchdev", "numVFs", "standby")
 	s.AllowSwitchdev = boolField(fe, path+".allowSwitchdev", m)
 	if raw, present := m["numVFs"]; present {
 		s.NumVFs = parseNumVFs(fe, path+".numVFs", raw)
@@ -285,7 +303,32 @@ func parseSelector(fe *fieldErrors, path string, raw any) Selector {
 	if raw, present := m["vfs"]; present {
 		s.VFs = parseVFs(fe, path+".vfs", raw)
 	}
+	if raw, present := m["standby"]; present {
+		s.Standby = parseStandby(fe, path+".standby", raw)
+	}
 	return s
+}
+
+// parseStandby reads standby: {bridge: <netdev>}. Whether the bridge
+// exists is checked at prepare (the file is the same on every node).
+func parseStandby(fe *fieldErrors, path string, raw any) *Standby {
+	m, ok := raw.(map[string]any)
+	if !ok {
+		fe.add(path, "got %s, must be a mapping with bridge: the node bridge on the PF's physical network, e.g. {bridge: br-phys}", describe(raw))
+		return nil
+	}
+	checkKeys(fe, path+".", m, "bridge")
+	v, present := m["bridge"]
+	if !present {
+		fe.add(path+".bridge", "missing: name the node bridge (netdev) on the PF's physical network that failover standbys connect to")
+		return nil
+	}
+	b, ok := v.(string)
+	if !ok || !validNetdevName(b) {
+		fe.add(path+".bridge", "got %s, must be a network interface name: 1 to 15 characters, no '/', ':' or whitespace", describe(v))
+		return nil
+	}
+	return &Standby{Bridge: b}
 }
 
 // parseNumVFs reads a VF count: sriov_numvfs is a 16-bit value.
@@ -442,6 +485,8 @@ type Selected struct {
 	VFs *IndexSet
 	// NumVFs is the selector's VF count (nil: not managed by vfnet).
 	NumVFs *int
+	// Standby is the selector's failover standby setting (nil: none).
+	Standby *Standby
 }
 
 // Select returns the PFs the configuration selects, in the order of pfs. A
@@ -466,7 +511,7 @@ func (c *Config) Select(pfs []sysfs.PF) ([]Selected, error) {
 				continue
 			}
 			first = j
-			out = append(out, Selected{PF: pf, Selector: j, Network: sel.Network, VFs: sel.VFs, NumVFs: sel.NumVFs})
+			out = append(out, Selected{PF: pf, Selector: j, Network: sel.Network, VFs: sel.VFs, NumVFs: sel.NumVFs, Standby: sel.Standby})
 		}
 	}
 	if len(errs) > 0 {

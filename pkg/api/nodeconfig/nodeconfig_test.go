@@ -215,3 +215,32 @@ func TestSelectOverlapIsError(t *testing.T) {
 		t.Fatalf("Select error = %v", err)
 	}
 }
+
+// standby names a bridge per PF; a missing or malformed bridge name is an
+// error naming the field, and Select carries the setting to the PF.
+func TestParseStandby(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse([]byte(header+"pfs:\n- pfName: a\n  network: net-a\n  standby: {bridge: br-phys}\n- pfName: b\n  network: net-b\n"), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PFs[0].Standby == nil || cfg.PFs[0].Standby.Bridge != "br-phys" || cfg.PFs[1].Standby != nil {
+		t.Fatalf("standby not read: %+v %+v", cfg.PFs[0].Standby, cfg.PFs[1].Standby)
+	}
+	sel, err := cfg.Select([]sysfs.PF{{Function: sysfs.Function{Address: "0000:01:00.0", NetDevs: []string{"a"}}}})
+	if err != nil || len(sel) != 1 || sel[0].Standby == nil || sel[0].Standby.Bridge != "br-phys" {
+		t.Fatalf("Select = %+v, %v; want the standby bridge carried", sel, err)
+	}
+	for doc, want := range map[string]string{
+		"standby: br-phys": "pfs[0].standby: got \"br-phys\", must be a mapping",
+		"standby: {}":      "pfs[0].standby.bridge: missing",
+		"standby: {bridge: this-name-is-too-long}": "pfs[0].standby.bridge: got \"this-name-is-too-long\", must be a network interface name",
+		"standby: {bridge: \"a/b\"}":               "pfs[0].standby.bridge: got \"a/b\"",
+		"standby: {bridge: br0, mtu: 9000}":        "pfs[0].standby.mtu: unknown field",
+	} {
+		_, err := Parse([]byte(header+"pfs:\n- pfName: a\n  network: net-a\n  "+doc+"\n"), "f.yaml")
+		if err == nil || !strings.Contains(err.Error(), "f.yaml: "+want) {
+			t.Errorf("%s: got %v, want an error containing %q", doc, err, want)
+		}
+	}
+}

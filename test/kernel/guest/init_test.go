@@ -47,6 +47,7 @@ func caseTests() map[string]string {
 		"recreate":    "TestRecreatedVFs",
 		"numvfs":      "TestNumVFs",
 		"events":      "TestHostEvents",
+		"wire":        "TestWire",
 		"vm":          "TestVMOnVF",
 	}
 }
@@ -201,19 +202,23 @@ func machineSetup() (layout.Layout, error) {
 		}
 	}
 	if lay.APIServer != "" {
-		if err := userNetwork(); err != nil {
+		if err := userNetwork(lay.Peer); err != nil {
 			return lay, err
 		}
 	}
 	return lay, nil
 }
 
-// userNetwork configures the virtio NIC on QEMU's user-mode network.
-func userNetwork() error {
+// userNetwork configures the virtio NIC on QEMU's user-mode network; the
+// virtio NIC at peer (the wire case's, when there is one) is not it.
+func userNetwork(peer string) error {
 	ents, _ := os.ReadDir("/sys/class/net")
 	for _, e := range ents {
 		drv, _ := os.Readlink("/sys/class/net/" + e.Name() + "/device/driver")
 		if filepath.Base(drv) != "virtio_net" {
+			continue
+		}
+		if peer != "" && pciAddressOf(e.Name()) == peer {
 			continue
 		}
 		l, err := netlink.LinkByName(e.Name())
@@ -238,6 +243,20 @@ func userNetwork() error {
 		return nil
 	}
 	return errors.New("no virtio_net interface for the API server's network")
+}
+
+// pciAddressOf is the PCI address of netdev's device: the device itself,
+// or for a virtio NIC the PCI function its virtio device sits on
+// (…/0000:00:06.0/virtio1); "" when it has none.
+func pciAddressOf(netdev string) string {
+	dev, err := filepath.EvalSymlinks("/sys/class/net/" + netdev + "/device")
+	if err != nil {
+		return ""
+	}
+	if strings.HasPrefix(filepath.Base(dev), "virtio") {
+		dev = filepath.Dir(dev)
+	}
+	return filepath.Base(dev)
 }
 
 // execInNetnsArg makes this binary a launcher: it enters the network

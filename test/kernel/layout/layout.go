@@ -59,6 +59,12 @@ const (
 	InnerInitrd = "initrd"
 	// MarkInner starts the lines the VM's own init prints on its serial console.
 	MarkInner = "VFNET-INNER"
+	// WireModuleOrder lists, as ModuleOrder does, the modules only the wire
+	// case loads (bridge, 8021q, veth, macvlan): the other cases' machine
+	// stays as it was.
+	WireModuleOrder = "/lib/modules/wire-order"
+	// MarkWire starts the wire case's summary line (its measured counts).
+	MarkWire = "VFNET-WIRE"
 	// QuietConsoleLevel is the console log level the init sets once the
 	// machine is ready: the boot is verbose (a hang shows where it
 	// stopped), the cases see only the kernel's warnings and worse.
@@ -96,6 +102,9 @@ type Layout struct {
 	PFs []PF `json:"pfs"`
 	// Cases are the guest cases, in the order init runs them.
 	Cases []string `json:"cases"`
+	// Peer is the PCI address of the outer NIC that shares the main PF's
+	// wire (a QEMU hub), "" when the machine has no wire (PeerNIC).
+	Peer string `json:"peer,omitempty"`
 	// APIServer is where the guest reaches the harness's API server
 	// ("10.0.2.2:<port>": QEMU's user-mode network forwards its host
 	// address to the host's loopback), "" when none was started. The
@@ -115,6 +124,16 @@ const (
 func NeedsAPIServer(c string) bool {
 	return c == "netns" || c == "crash" || c == "numvfs" || c == "events" || c == "vm"
 }
+
+// NeedsWire reports whether a case needs the main PF's wire: a QEMU hub
+// joining it to a second outer NIC (PeerNIC). Without it the igb PFs have
+// no network backend at all.
+func NeedsWire(c string) bool { return c == "wire" }
+
+// PeerNIC is the wire's second NIC: a virtio-net-pci on the main root
+// complex (virtio_net is loaded anyway, for the user-mode network NIC at
+// 00:05.0).
+const PeerNIC = "0000:00:06.0"
 
 // NeedsVirt reports whether a case runs libvirt and QEMU inside the guest
 // (their files make the initramfs about 250 MiB larger).
@@ -146,5 +165,5 @@ func Default() Layout {
 
 // AllCases are the guest cases (issue 11), in run order.
 func AllCases() []string {
-	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs", "events", "vm"}
+	return []string{"discovery", "prepare", "refused", "vfio", "autoprobe", "netns", "crash", "sharedgroup", "trace", "recreate", "numvfs", "events", "wire", "vm"}
 }

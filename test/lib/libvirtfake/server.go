@@ -76,6 +76,10 @@ type Server struct {
 	notify    chan Attach
 	nextID    int32
 	conns     map[net.Conn]bool
+	// subs are the domain event callbacks registered, by callback ID.
+	subs         map[int32]subscription
+	nextCallback int32
+	attachHook   func(Attach)
 
 	wg sync.WaitGroup
 }
@@ -192,6 +196,7 @@ func (s *Server) serve() {
 		go func() {
 			defer s.wg.Done()
 			s.handle(c)
+			s.dropSubscriptions(c)
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
@@ -227,7 +232,7 @@ func (s *Server) handle(c net.Conn) {
 		if h.typ != typeCall {
 			continue // streams and messages are not used by the attach path
 		}
-		payload, lerr := s.call(h, d, &opened)
+		payload, lerr := s.call(c, h, d, &opened)
 		if err := reply(c, h, payload, lerr); err != nil {
 			return
 		}
@@ -238,7 +243,7 @@ func (s *Server) handle(c net.Conn) {
 }
 
 // call runs one procedure and returns its reply payload or a libvirt error.
-func (s *Server) call(h header, d *dec, opened *bool) ([]byte, *libvirt.Error) {
+func (s *Server) call(c net.Conn, h header, d *dec, opened *bool) ([]byte, *libvirt.Error) {
 	if h.prog != program {
 		return nil, &libvirt.Error{Code: uint32(libvirt.ErrRPC), Message: fmt.Sprintf("unknown program 0x%x", h.prog)}
 	}
@@ -319,12 +324,22 @@ func (s *Server) call(h header, d *dec, opened *bool) ([]byte, *libvirt.Error) {
 			return nil, badArgs(err)
 		}
 		return nil, s.attach(ref.name, x, flags)
+	case procEventCallbackRegisterAny:
+		return s.register(c, d)
+	case procEventCallbackDeregisterAny:
+		return s.deregister(c, d)
 	}
 	return nil, &libvirt.Error{Code: uint32(libvirt.ErrNoSupport), Message: fmt.Sprintf("unknown procedure: %d", h.proc)}
 }
 
 func (s *Server) attach(name, x string, flags uint32) *libvirt.Error {
 	a := Attach{Domain: name, XML: x, Flags: flags, At: time.Now()}
+	s.mu.Lock()
+	hook := s.attachHook
+	s.mu.Unlock()
+	if hook != nil {
+		hook(a)
+	}
 	s.mu.Lock()
 	s.attaches = append(s.attaches, a)
 	lerr := s.applyLocked(name, x, flags)

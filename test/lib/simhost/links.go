@@ -456,3 +456,12 @@ func (h *Host) VFState(pf string, vf int) (vflink.VFState, error) {
 	}
 	return h.links.get(m, pf, vf), nil
 }
+
+// VFStateOf is VFState for the VF at address bdf, through its PF.
+func (h *Host) VFStateOf(bdf string) (vflink.VFState, error) {
+	pf, i := h.vfOf(bdf)
+	if pf == nil {
+		return vflink.VFState{}, fmt.Errorf("VF state of %s: no PF of this host has that VF", bdf)
+	}
+	return h.VFState(pf.NetDev, i)
+}
