@@ -101,7 +101,16 @@ func (n *Node) Events(ctx context.Context, ns, name string) string {
 // (/var/log/pods/<ns>_<pod>_<uid>/<container>/<restart>.log, CRI format),
 // all restarts in order, without the CRI prefixes.
 func PodLog(p *corev1.Pod, container string) string {
-	dir := filepath.Join("/var/log/pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), container)
+	return podLogIn("/var/log/pods", p, container)
+}
+
+// PodLog is PodLog for a pod of node n.
+func (n *Node) PodLog(p *corev1.Pod, container string) string {
+	return podLogIn(n.Path("/var/log/pods"), p, container)
+}
+
+func podLogIn(root string, p *corev1.Pod, container string) string {
+	dir := filepath.Join(root, p.Namespace+"_"+p.Name+"_"+string(p.UID), container)
 	ents, _ := os.ReadDir(dir)
 	var restarts []int
 	for _, e := range ents {

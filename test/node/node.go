@@ -72,14 +72,8 @@ func EnterNamespace(dir string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private in the node's mount namespace: %w", err)
 	}
-	for _, m := range []struct{ target, src string }{{"/run", "run"}, {"/var/lib", "varlib"}, {"/var/log", "varlog"}} {
-		src := filepath.Join(dir, m.src)
-		if err := os.MkdirAll(src, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(src, m.target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s over %s: %w", src, m.target, err)
-		}
+	if err := bindNodeDirs(dir); err != nil {
+		return err
 	}
 	sysctlDir := filepath.Join(dir, "sysctl")
 	if err := os.MkdirAll(sysctlDir, 0o755); err != nil {
@@ -131,21 +125,53 @@ func EnterNamespace(dir string) error {
 	return nil
 }
 
+// nodeDirs are the node paths bound from its scratch directory, each to
+// the subdirectory named: what two kubelets (and their containerd, CNI
+// state, CDI specs, plugin registry, pods) on one machine must not share.
+func nodeDirs() map[string]string {
+	return map[string]string{"/run": "run", "/var/lib": "varlib", "/var/log": "varlog"}
+}
+
+// bindNodeDirs binds dir's subdirectories over nodeDirs in the calling
+// thread's mount namespace.
+func bindNodeDirs(dir string) error {
+	for target, sub := range nodeDirs() {
+		src := filepath.Join(dir, sub)
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over %s: %w", src, target, err)
+		}
+	}
+	return nil
+}
+
 // Node is a running node: control plane, service forward, containerd and
 // kubelet, all in this process's namespaces.
 type Node struct {
-	Dir   string
+	Dir string
+	// Spec is what sets this node apart from another in the same network
+	// namespace (name, IP, pod CIDR and bridge, kubelet health port).
+	Spec  NodeSpec
 	Parts Parts
 	Plane *controlplane.Plane
 	Kube  kubernetes.Interface
 	// Kubeconfig is the admin kubeconfig (kubectl, kubelet).
 	Kubeconfig string
 
-	forward   net.Listener
-	fwdWG     sync.WaitGroup
-	procs     []*proc
-	Timings   map[string]time.Duration
-	timingsMu sync.Mutex
+	forward net.Listener
+	fwdWG   sync.WaitGroup
+	procs   []*proc
+	// mnt is the nested mount namespace of a node added beside the first
+	// (AddNode); nil for the first, which runs in this process's own.
+	mnt *mountNS
+	// others are the nodes added beside this one; Down stops them first.
+	others []*Node
+	// sharedPlane: the control plane is the first node's (Down leaves it).
+	sharedPlane bool
+	Timings     map[string]time.Duration
+	timingsMu   sync.Mutex
 }
 
 type proc struct {
@@ -157,7 +183,7 @@ type proc struct {
 
 // Up starts the node in dir (inside the namespace) and imports images.
 func Up(ctx context.Context, dir string, parts Parts, images map[string]string) (_ *Node, retErr error) {
-	n := &Node{Dir: dir, Parts: parts, Timings: map[string]time.Duration{}}
+	n := &Node{Dir: dir, Spec: FirstNode(), Parts: parts, Timings: map[string]time.Duration{}}
 	defer func() {
 		if retErr != nil {
 			n.Down(context.Background())
@@ -186,26 +212,37 @@ func Up(ctx context.Context, dir string, parts Parts, images map[string]string) 
 	if err := n.serveServiceIP(); err != nil {
 		return nil, err
 	}
+	if err := n.startNode(ctx, images); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
 
+// startNode starts containerd, imports the images and starts the kubelet,
+// until the Node is Ready: the part of the bring-up every node has.
+func (n *Node) startNode(ctx context.Context, images map[string]string) error {
 	t := time.Now()
 	if err := n.startContainerd(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	for ref, file := range images {
 		if out, err := n.Ctr(ctx, "images", "import", file); err != nil {
-			return nil, fmt.Errorf("import image %s from %s: %w\n%s", ref, file, err, out)
+			return fmt.Errorf("import image %s from %s: %w\n%s", ref, file, err, out)
+		}
+		if err := n.tagRepoDigest(ctx, ref); err != nil {
+			return err
 		}
 	}
 	n.timing("containerd + images", time.Since(t))
 	t = time.Now()
 	if err := n.startKubelet(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.waitNodeReady(ctx, 2*time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	n.timing("kubelet to node Ready", time.Since(t))
-	return n, nil
+	return nil
 }
 
 func (n *Node) timing(what string, d time.Duration) {
@@ -261,7 +298,7 @@ func (n *Node) spawn(name string, env []string, bin string, args ...string) (*pr
 	cmd.Env = append(os.Environ(), env...)
 	// A killed test binary takes its node with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := n.mnt.start(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -312,6 +349,7 @@ func Tail(path string, n int) string {
 // LogFile is the log of a node component ("containerd", "kubelet").
 func (n *Node) LogFile(name string) string { return filepath.Join(n.Dir, "logs", name+".log") }
 
+// containerdSock is the socket's path inside the node's mount namespace.
 const containerdSock = "/run/containerd/containerd.sock"
 
 func (n *Node) startContainerd(ctx context.Context) error {
@@ -322,8 +360,8 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// One bridge for the pods, the gateway on it; no masquerade and no
 	// port mapping (no iptables): pods talk to the node and each other.
 	conflist := `{"cniVersion": "1.0.0", "name": "vfnet-pods", "plugins": [{
-  "type": "bridge", "bridge": "` + podBridge + `", "isGateway": true, "ipMasq": false,
-  "ipam": {"type": "host-local", "ranges": [[{"subnet": "` + PodSubnet + `"}]], "routes": [{"dst": "0.0.0.0/0"}]}
+  "type": "bridge", "bridge": "` + n.Spec.PodBridge + `", "isGateway": true, "ipMasq": false,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": "` + n.Spec.PodSubnet + `"}]], "routes": [{"dst": "0.0.0.0/0"}]}
 }]}`
 	if err := os.WriteFile(filepath.Join(cniConf, "10-pods.conflist"), []byte(conflist), 0o644); err != nil {
 		return err
@@ -352,9 +390,14 @@ imports = []
     bin_dirs = [%q]
     conf_dir = %q
 
+# NRI on, as containerd 2.x ships it (vfnet's failover standbys), its
+# socket in this node's /run and no plugin directories outside the tier.
 [plugins.'io.containerd.nri.v1.nri']
-  disable = true
-`, containerdSock, PauseImage, n.Parts.Runc, n.Parts.CNIBin, cniConf)
+  disable = false
+  socket_path = "/var/run/nri/nri.sock"
+  plugin_path = %q
+  plugin_config_path = %q
+`, containerdSock, PauseImage, n.Parts.Runc, n.Parts.CNIBin, cniConf, filepath.Join(n.Dir, "nri", "plugins"), filepath.Join(n.Dir, "nri", "conf.d"))
 	cfgFile := filepath.Join(n.Dir, "containerd.toml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		return err
@@ -373,9 +416,55 @@ imports = []
 	})
 }
 
-// Ctr runs ctr against the node's containerd in the CRI namespace.
+// tagRepoDigest names an imported image also by its repository digest
+// (<repository>@sha256:...), as a pull from a registry records it: a
+// runtime reports that as the image's ID, and KubeVirt's migration target
+// pod names the container disk by the ID the source pod's runtime reported.
+func (n *Node) tagRepoDigest(ctx context.Context, ref string) error {
+	ref = dockerRef(ref)
+	out, err := n.Ctr(ctx, "images", "ls", "name=="+ref)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var digest string
+	if len(lines) == 2 {
+		// REF TYPE DIGEST SIZE ...
+		if f := strings.Fields(lines[1]); len(f) > 2 && strings.HasPrefix(f[2], "sha256:") {
+			digest = f[2]
+		}
+	}
+	if digest == "" {
+		return fmt.Errorf("image %s: no digest in ctr images ls:\n%s", ref, out)
+	}
+	repo := ref
+	if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+		repo = ref[:i]
+	}
+	if out, err := n.Ctr(ctx, "images", "tag", "--force", ref, repo+"@"+digest); err != nil {
+		return fmt.Errorf("name image %s by its digest: %w\n%s", ref, err, out)
+	}
+	return nil
+}
+
+// dockerRef is an image name as containerd stores it: a name without a
+// registry is Docker Hub's ("pause:1" is docker.io/library/pause:1).
+func dockerRef(ref string) string {
+	first, _, found := strings.Cut(ref, "/")
+	switch {
+	case !found:
+		return "docker.io/library/" + ref
+	case strings.ContainsAny(first, ".:") || first == "localhost":
+		return ref
+	default:
+		return "docker.io/" + ref
+	}
+}
+
+// Ctr runs ctr against the node's containerd in the CRI namespace (through
+// the socket's path as this process sees it).
 func (n *Node) Ctr(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(n.Parts.NodeBin, "ctr"), append([]string{"--address", containerdSock, "--namespace", "k8s.io"}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(n.Parts.NodeBin, "ctr"), append([]string{"--address", n.Path(containerdSock), "--namespace", "k8s.io"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -400,9 +489,10 @@ authentication:
   anonymous: {enabled: true}
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
-address: ` + NodeIP + `
+address: ` + n.Spec.IP + `
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
+healthzPort: ` + strconv.Itoa(n.Spec.HealthzPort) + `
 # No cluster DNS, and no resolv.conf of the host inside pods.
 resolvConf: ""
 # The shared machine's disk and memory are not this node's to police.
@@ -419,7 +509,7 @@ nodeStatusUpdateFrequency: 5s
 	}
 	_, err := n.spawn("kubelet", []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, filepath.Join(n.Parts.K8sBin, "kubelet"),
 		"--config="+cfgFile, "--kubeconfig="+n.Kubeconfig,
-		"--node-ip="+NodeIP, "--hostname-override="+NodeName,
+		"--node-ip="+n.Spec.IP, "--hostname-override="+n.Spec.Name,
 		"--v=2")
 	return err
 }
@@ -432,7 +522,7 @@ func (n *Node) waitNodeReady(ctx context.Context, timeout time.Duration) error {
 				return false, err
 			}
 		}
-		node, err := n.Kube.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		node, err := n.Kube.CoreV1().Nodes().Get(ctx, n.Spec.Name, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
 			return false, nil
@@ -446,7 +536,7 @@ func (n *Node) waitNodeReady(ctx context.Context, timeout time.Duration) error {
 		return false, nil
 	})
 	if err != nil {
-		return fmt.Errorf("node %s not Ready (last: %s): %w\nkubelet log:\n%s", NodeName, last, err, Tail(n.LogFile("kubelet"), 40))
+		return fmt.Errorf("node %s not Ready (last: %s): %w\nkubelet log:\n%s", n.Spec.Name, last, err, Tail(n.LogFile("kubelet"), 40))
 	}
 	return nil
 }
@@ -463,12 +553,12 @@ func (n *Node) AddExtendedResources(ctx context.Context, names []corev1.Resource
 		p := "/status/capacity/" + strings.ReplaceAll(string(r), "/", "~1")
 		ops = append(ops, fmt.Sprintf(`{"op":"add","path":%q,"value":%q}`, p, strconv.Itoa(count)))
 	}
-	_, err := n.Kube.CoreV1().Nodes().Patch(ctx, NodeName, types.JSONPatchType, []byte("["+strings.Join(ops, ",")+"]"), metav1.PatchOptions{}, "status")
+	_, err := n.Kube.CoreV1().Nodes().Patch(ctx, n.Spec.Name, types.JSONPatchType, []byte("["+strings.Join(ops, ",")+"]"), metav1.PatchOptions{}, "status")
 	if err != nil {
-		return fmt.Errorf("advertise %v on node %s: %w", names, NodeName, err)
+		return fmt.Errorf("advertise %v on node %s: %w", names, n.Spec.Name, err)
 	}
 	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		node, err := n.Kube.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		node, err := n.Kube.CoreV1().Nodes().Get(ctx, n.Spec.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -493,6 +583,11 @@ func (n *Node) Kubectl(ctx context.Context, stdin io.Reader, args ...string) ([]
 func (n *Node) Down(ctx context.Context) error {
 	var errs []error
 	logger := klog.FromContext(ctx)
+	for i := len(n.others) - 1; i >= 0; i-- {
+		if err := n.others[i].Down(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	var containerd *proc
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		p := n.procs[i]
@@ -510,10 +605,11 @@ func (n *Node) Down(ctx context.Context) error {
 		}
 		containerd.stop(20 * time.Second)
 	}
+	n.mnt.close()
 	if n.forward != nil {
 		n.forward.Close()
 	}
-	if n.Plane != nil {
+	if n.Plane != nil && !n.sharedPlane {
 		if err := n.Plane.Stop(); err != nil {
 			errs = append(errs, err)
 		}

@@ -28,7 +28,7 @@ const envChild = "VFNET_REAL_NODE_CHILD"
 
 // steps are the subtests run inside, in order; each needs the ones before.
 func steps() []string {
-	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "KubeVirt", "HelmUninstall"}
+	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "Standby", "KubeVirt", "LiveMigration", "HelmUninstall"}
 }
 
 // TestRealNode: a real kubelet and containerd with vfnet installed from its
@@ -259,15 +259,17 @@ func runInside(t *testing.T, dir string) {
 		"KillDuringPrepare": e.testKillDuringPrepare,
 		"HelmInstall":       e.testHelmInstall,
 		"HelmUpgrade":       e.testHelmUpgrade,
+		"Standby":           e.testStandby,
 		"KubeVirt":          e.testKubeVirt,
+		"LiveMigration":     e.testLiveMigration,
 		"HelmUninstall":     e.testHelmUninstall,
 	}
 	for _, s := range steps() {
-		begin := time.Now()
+		begin, cpu := time.Now(), TreeCPU(os.Getpid())
 		if !t.Run(s, run[s]) {
 			t.Logf("%s failed: the later steps need it; stopping", s)
 			return
 		}
-		t.Logf("%s took %s", s, time.Since(begin).Round(100*time.Millisecond))
+		t.Logf("%s took %s, %s CPU in the node's processes", s, time.Since(begin).Round(100*time.Millisecond), (TreeCPU(os.Getpid()) - cpu).Round(100*time.Millisecond))
 	}
 }

@@ -4,9 +4,11 @@
 // admin would (kubectl apply -k of a test overlay), later from the Helm
 // chart (helm install, upgrade, uninstall), with KubeVirt v1.9.0's own
 // virt-operator, virt-api and virt-controller creating the example VM's
-// launcher pod in between (the KubeVirt step; its stand-ins: README.md),
-// all inside one private mount + network namespace of this machine, so
-// nothing on the host changes and no traffic leaves. The SR-IOV hardware under the driver is test/lib/simhost
+// launcher pod in between (the KubeVirt step; its stand-ins: README.md) and
+// migrating a VM to a second node and back (the LiveMigration step; that
+// node's kubelet and containerd in a mount namespace nested in the first's,
+// second.go), all inside one private mount + network namespace of this
+// machine, so nothing on the host changes and no traffic leaves. The SR-IOV hardware under the driver is test/lib/simhost
 // (--simulate, so the driver image carries vfnet-driver-sim, the build with
 // the simulator); everything above it is real.
 //

@@ -68,7 +68,13 @@ func (e *env) ctx(t *testing.T) context.Context {
 // host opens the simulated host for reading VF state.
 func (e *env) host(t *testing.T) *simhost.Host {
 	t.Helper()
-	h, err := simhost.Open(filepath.Join(SimRoot, "sys"))
+	return hostOf(t, e.Node)
+}
+
+// hostOf opens node n's simulated host.
+func hostOf(t *testing.T, n *Node) *simhost.Host {
+	t.Helper()
+	h, err := simhost.Open(n.Path(filepath.Join(SimRoot, "sys")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,9 +152,15 @@ func (e *env) kustomizeDaemonSet(ctx context.Context, dir string) (*appsv1.Daemo
 // of the simulated E810 (4 + 4).
 func (e *env) waitSlices(ctx context.Context, t *testing.T) {
 	t.Helper()
+	e.waitSlicesOf(ctx, t, NodeName)
+}
+
+// waitSlicesOf waits for node's slices to list the 8 VFs.
+func (e *env) waitSlicesOf(ctx context.Context, t *testing.T, node string) {
+	t.Helper()
 	var devices []string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + NodeName})
+		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
 			return false, err
 		}
@@ -163,7 +175,7 @@ func (e *env) waitSlices(ctx context.Context, t *testing.T) {
 		return len(devices) == 8, nil
 	})
 	if err != nil {
-		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", NodeName, devices, err)
+		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", node, devices, err)
 	}
 }
 
@@ -295,6 +307,12 @@ func (e *env) vfPod(ctx context.Context, t *testing.T, name string) {
 // the VF allocated to it.
 func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podClaim string) vf {
 	t.Helper()
+	return e.claimVFOn(ctx, t, e.Node, pod, podClaim)
+}
+
+// claimVFOn is claimVF for a pod on node n.
+func (e *env) claimVFOn(ctx context.Context, t *testing.T, n *Node, pod *corev1.Pod, podClaim string) vf {
+	t.Helper()
 	var claimName string
 	for _, s := range pod.Status.ResourceClaimStatuses {
 		if s.Name == podClaim && s.ResourceClaimName != nil {
@@ -312,10 +330,10 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 		t.Fatalf("claim %s allocation %+v", claimName, c.Status.Allocation)
 	}
 	r := c.Status.Allocation.Devices.Results[0]
-	if r.Driver != driverName || r.Pool != NodeName {
-		t.Fatalf("claim %s allocated %+v", claimName, r)
+	if r.Driver != driverName || r.Pool != n.Spec.Name {
+		t.Fatalf("claim %s allocated %+v, want a device of %s on node %s", claimName, r, driverName, n.Spec.Name)
 	}
-	sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + NodeName})
+	sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Spec.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +358,7 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 	if out.bdf == "" || out.pf == "" {
 		t.Fatalf("device %s not found with pciBusID and pfName in the node's slices", r.Device)
 	}
-	out.cdiSpecFile = prepare.CDIWriter{Root: cdiDir}.SpecPath(c.UID)
+	out.cdiSpecFile = n.Path(prepare.CDIWriter{Root: cdiDir}.SpecPath(c.UID))
 	return out
 }
 
@@ -348,7 +366,13 @@ func (e *env) claimVF(ctx context.Context, t *testing.T, pod *corev1.Pod, podCla
 // template's VLAN (and mac when set), the CDI spec names the node.
 func (e *env) checkPrepared(t *testing.T, v vf, mac string) DevNode {
 	t.Helper()
-	h := e.host(t)
+	return checkPreparedOn(t, e.Node, v, mac)
+}
+
+// checkPreparedOn is checkPrepared on node n.
+func checkPreparedOn(t *testing.T, n *Node, v vf, mac string) DevNode {
+	t.Helper()
+	h := hostOf(t, n)
 	fn, err := h.Sysfs().Function(v.bdf)
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +381,7 @@ func (e *env) checkPrepared(t *testing.T, v vf, mac string) DevNode {
 		t.Errorf("VF %s on %q, want vfio-pci", v.bdf, fn.Driver)
 	}
 	node := filepath.Join(SimRoot, "dev", "vfio", fn.IOMMUGroup)
-	dn, err := StatDev(node)
+	dn, err := StatDev(n.Path(node))
 	if err != nil || !dn.Char || dn.Major != simhost.VFIOGroupMajor {
 		t.Errorf("group node %s: %+v %v, want a character device %d:N", node, dn, err, simhost.VFIOGroupMajor)
 	}
@@ -370,7 +394,7 @@ func (e *env) checkPrepared(t *testing.T, v vf, mac string) DevNode {
 	}
 	spec, err := os.ReadFile(v.cdiSpecFile)
 	if err != nil {
-		specs, _ := filepath.Glob(filepath.Join(cdiDir, "*"))
+		specs, _ := filepath.Glob(filepath.Join(n.Path(cdiDir), "*"))
 		t.Fatalf("CDI spec of claim %s: %v (present: %v)", v.claim.Name, err, specs)
 	}
 	if !strings.Contains(string(spec), node) {

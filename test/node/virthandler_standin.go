@@ -113,12 +113,17 @@ func (s *VirtHandlerStandIn) Start(ctx context.Context, kubevirtNS string) error
 const handlerPodName = "virt-handler-standin"
 
 // identityPod creates the pod the stand-in's token is bound to: virt-handler's
-// ServiceAccount, on the node, running the pause image.
+// ServiceAccount, on the node, running the pause image. A later stand-in on
+// the same node reuses it.
 func (s *VirtHandlerStandIn) identityPod(ctx context.Context, ns string) (*corev1.Pod, error) {
+	name := handlerPodName + "-" + s.Node.Spec.Name
+	if p, err := s.Node.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+		return p, nil
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: handlerPodName, Namespace: ns, Labels: map[string]string{"app": handlerPodName}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": handlerPodName}},
 		Spec: corev1.PodSpec{
-			NodeName:                      NodeName,
+			NodeName:                      s.Node.Spec.Name,
 			ServiceAccountName:            HandlerServiceAccount,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](1),
@@ -127,7 +132,7 @@ func (s *VirtHandlerStandIn) identityPod(ctx context.Context, ns string) (*corev
 	}
 	created, err := s.Node.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("virt-handler stand-in: identity pod %s/%s: %w", ns, handlerPodName, err)
+		return nil, fmt.Errorf("virt-handler stand-in: identity pod %s/%s: %w", ns, name, err)
 	}
 	return created, nil
 }
@@ -152,8 +157,8 @@ func (s *VirtHandlerStandIn) heartbeat(ctx context.Context, labels bool) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.Node.Kube.CoreV1().Nodes().Patch(ctx, NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("virt-handler stand-in: heartbeat of node %s: %w", NodeName, err)
+	if _, err := s.Node.Kube.CoreV1().Nodes().Patch(ctx, s.Node.Spec.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("virt-handler stand-in: heartbeat of node %s: %w", s.Node.Spec.Name, err)
 	}
 	return nil
 }
