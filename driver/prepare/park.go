@@ -132,38 +132,32 @@ func (s *State) applyMAC(ctx context.Context, d checkpoint.Device) (bool, error)
 // checkpoint wants (parked or not): a driver killed between recording and
 // setting finishes the change at start-up.
 func (s *State) Converge(ctx context.Context) error {
-	release, err := s.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer release()
-	s.mu.Lock()
-	cp := s.cp.Clone()
-	s.mu.Unlock()
-	var errs []error
-	for _, c := range cp.Claims {
-		if c.Phase != checkpoint.PhasePrepared {
-			continue // the next prepare or unprepare finishes it
-		}
-		for _, d := range c.Devices {
-			if !d.Failover {
-				continue
+	return s.Exclusive(ctx, func(cp *checkpoint.File) error {
+		var errs []error
+		for _, c := range cp.Claims {
+			if c.Phase != checkpoint.PhasePrepared {
+				continue // the next prepare or unprepare finishes it
 			}
-			changed, err := s.applyMAC(ctx, d)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if changed {
-				klog.FromContext(ctx).Info("Finished an interrupted failover MAC change", "device", d.Device, "bdf", d.BDF,
-					"claim", klog.KRef(c.Namespace, c.Name), "parked", d.MACParked)
+			for _, d := range c.Devices {
+				if !d.Failover {
+					continue
+				}
+				changed, err := s.applyMAC(ctx, d)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if changed {
+					klog.FromContext(ctx).Info("Finished an interrupted failover MAC change", "device", d.Device, "bdf", d.BDF,
+						"claim", klog.KRef(c.Namespace, c.Name), "parked", d.MACParked)
+				}
 			}
 		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("converge failover VF MACs: %s", joinErrs(errs))
-	}
-	return nil
+		if len(errs) > 0 {
+			return fmt.Errorf("converge failover VF MACs: %s", joinErrs(errs))
+		}
+		return nil
+	})
 }
 
 func deviceIndex(c *checkpoint.Claim, bdf string) int {

@@ -59,11 +59,7 @@ func (e *env) testKubeVirt(t *testing.T) {
 	t.Cleanup(handler.Stop)
 
 	begin = time.Now()
-	ns, name := e.applyExampleVM(ctx, t)
-	vmi := e.waitVMI(ctx, t, dyn, ns, name)
-	pod := e.waitVirtControllerPod(ctx, t, vmi)
-	sidecar := checkRenderedByVirtController(t, pod, vmi)
-	pod = e.waitLauncherRunning(ctx, t, pod)
+	ns, name, vmi, pod, sidecar := e.startExampleVM(ctx, t, dyn)
 	domain := e.waitDomain(ctx, t, pod, sidecar)
 	t.Logf("KubeVirt: domain through %s %s after kubectl apply", sidecar, time.Since(begin).Round(100*time.Millisecond))
 
@@ -271,6 +267,18 @@ func testSizedVM(vm map[string]any) error {
 		}
 	}
 	return nil
+}
+
+// startExampleVM applies the example VM and waits for the launcher pod the
+// real virt-controller renders to run. It returns the VMI's namespace and
+// name, the VMI, the running pod and the binding sidecar's container.
+func (e *env) startExampleVM(ctx context.Context, t *testing.T, dyn dynamic.Interface) (string, string, *unstructured.Unstructured, *corev1.Pod, string) {
+	t.Helper()
+	ns, name := e.applyExampleVM(ctx, t)
+	vmi := e.waitVMI(ctx, t, dyn, ns, name)
+	pod := e.waitVirtControllerPod(ctx, t, vmi)
+	sidecar := checkRenderedByVirtController(t, pod, vmi)
+	return ns, name, vmi, e.waitLauncherRunning(ctx, t, pod), sidecar
 }
 
 // applyExampleVM writes a test-sized copy of manifests/examples (the VM and

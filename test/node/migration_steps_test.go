@@ -72,11 +72,7 @@ func (e *env) testLiveMigration(t *testing.T) {
 	// The VM starts on the first node: the second is not schedulable for
 	// launchers until its handler stand-in labels it.
 	begin = time.Now()
-	ns, name := e.applyExampleVM(ctx, t)
-	vmi := e.waitVMI(ctx, t, dyn, ns, name)
-	src := e.waitVirtControllerPod(ctx, t, vmi)
-	sidecar := checkRenderedByVirtController(t, src, vmi)
-	src = e.waitLauncherRunning(ctx, t, src)
+	ns, name, _, src, sidecar := e.startExampleVM(ctx, t, dyn)
 	if src.Spec.NodeName != NodeName {
 		t.Fatalf("launcher pod %s on %q, want %s", src.Name, src.Spec.NodeName, NodeName)
 	}
