@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"runtime"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"k8s.io/klog/v2"
@@ -39,7 +41,10 @@ func openNs(path, what string) (netns.NsHandle, *netlink.Handle, error) {
 	if err != nil {
 		return 0, nil, fmt.Errorf("open the %s network namespace %s: %w", what, path, err)
 	}
-	h, err := netlink.NewHandleAt(ns)
+	// Links only: without a family list the handle also opens xfrm and
+	// netfilter sockets, which fail where xfrm_user or nfnetlink cannot
+	// be loaded ("protocol not supported").
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		ns.Close()
 		return 0, nil, fmt.Errorf("netlink in the %s network namespace %s: %w", what, path, err)

@@ -26,7 +26,7 @@ import (
 // Gate and selection.
 const (
 	envGate  = "VFNET_REAL_KERNEL"  // "1": run the tier (make test-kernel sets it)
-	envCases = "VFNET_KERNEL_CASES" // comma-separated subset of layout.AllCases
+	envCases = "VFNET_KERNEL_CASES" // comma-separated cases of layout.AllCases and OptInCases
 	// envBootTimeout overrides the bound on QEMU start -> the init's
 	// machine ready (default 8m), for a slower machine.
 	envBootTimeout = "VFNET_KERNEL_BOOT_TIMEOUT"
@@ -76,8 +76,8 @@ func TestRealKernel(t *testing.T) {
 	if v := os.Getenv(envCases); v != "" {
 		cases = strings.Split(v, ",")
 		for _, c := range cases {
-			if !slices.Contains(layout.AllCases(), c) {
-				t.Fatalf("%s names %q; the cases are %v", envCases, c, layout.AllCases())
+			if !layout.Known(c) {
+				t.Fatalf("%s names %q; the cases are %v, and opt-in %v", envCases, c, layout.AllCases(), layout.OptInCases())
 			}
 		}
 	}
@@ -304,12 +304,14 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 	return v
 }
 
-// logWire logs the wire case's measured counts (its layout.MarkWire line),
-// for BENCHMARKS.md.
+// logWire logs the measured figures of the wire and failover cases (their
+// layout.MarkWire and MarkFailover lines), for BENCHMARKS.md.
 func logWire(t *testing.T, console string) {
 	for _, l := range strings.Split(console, "\n") {
-		if i := strings.Index(l, layout.MarkWire+" "); i >= 0 {
-			t.Logf("wire case counts: %s", strings.TrimSpace(l[i+len(layout.MarkWire)+1:]))
+		for _, mark := range []string{layout.MarkWire, layout.MarkFailover} {
+			if i := strings.Index(l, mark+" "); i >= 0 {
+				t.Logf("%s: %s", mark, strings.TrimSpace(l[i+len(mark)+1:]))
+			}
 		}
 	}
 }

@@ -235,6 +235,7 @@ func TestQEMUArgsWireOnlyForTheWireCase(t *testing.T) {
 		{[]string{"prepare", "vm"}, false},
 		{[]string{"wire"}, true},
 		{[]string{"prepare", "wire"}, true},
+		{[]string{"failover"}, true},
 		{nil, true}, // every case
 	} {
 		args := strings.Join(e.QEMUArgs("initrd", tc.cases, false), " ")

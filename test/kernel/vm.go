@@ -71,10 +71,16 @@ func GuestModules() []string {
 	return []string{"vfio", "vfio_iommu_type1", "vfio_pci", "igb", "igbvf", "virtio_pci", "virtio_net"}
 }
 
-// WireModules are the modules the wire case loads itself (with what they
-// need): its bridge, VLAN devices, veth pair and macvlan. Only a machine
-// with the wire carries them, so the other cases' boot is unchanged.
-func WireModules() []string { return []string{"bridge", "8021q", "veth", "macvlan"} }
+// WireModules are the modules the wire and failover cases load themselves
+// (with what they need): bridges, VLAN devices, veth pairs, macvlan, tun
+// for the failover standby's tap, and xfrm_user and nfnetlink, without
+// which driver/standby's netlink handles fail (vishvananda/netlink's
+// NewHandleAt opens the route, xfrm and netfilter families, and the
+// guest has no modprobe to load them on demand). Only a machine with the
+// wire carries them, so the other cases' boot is unchanged.
+func WireModules() []string {
+	return []string{"bridge", "8021q", "veth", "macvlan", "tun", "xfrm_user", "nfnetlink"}
+}
 
 // Image is what goes into the guest's initramfs besides the system files.
 type Image struct {
@@ -220,15 +226,17 @@ func copyTree(c *CPIO, src, dst string) error {
 }
 
 // BuildInnerInitramfs writes the VM's own initramfs to out: busybox, the
-// igbvf module, and an init that reports on its console every Intel
-// 82576 VF (8086:10ca) it sees and the MAC its igbvf netdev has, again at
-// each change (the VF leaving and coming back with hot-plug).
+// igbvf and virtio-net modules (virtio_net brings net_failover), and an
+// init that reports on its console every Intel 82576 VF (8086:10ca) it
+// sees and the MAC its igbvf netdev has, and any net_failover master with
+// its slaves, again at each change (the VF leaving and coming back with
+// hot-plug).
 func (e *Env) BuildInnerInitramfs(out string) error {
 	mods, err := LoadModules(e.Modules)
 	if err != nil {
 		return err
 	}
-	order, err := mods.Order([]string{"igbvf"})
+	order, err := mods.Order([]string{"igbvf", "virtio_pci", "virtio_net"})
 	if err != nil {
 		return err
 	}
@@ -251,6 +259,12 @@ func (e *Env) BuildInnerInitramfs(out string) error {
 // on a FIFO as the sleep): under nested TCG every fork and exec costs the
 // host a large fraction of a CPU-second, and a loop of cat and sleep took
 // about 40 of them a second for the VM's whole life.
+//
+// A failover master (net_failover: a netdev with lower_* slaves and no
+// master) gets layout.FailoverVMAddr once, the only configuration a guest
+// needs; the report names each slave (primary: a PCI device of vendor
+// 0x8086, the VF; standby: the virtio one) with its operstate, and which
+// one net_failover transmits on (the primary while it is up).
 const innerInit = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -261,7 +275,34 @@ echo "` + layout.MarkInner + ` up $up"
 for m in /lib/modules/*.ko; do insmod "$m" || echo "` + layout.MarkInner + ` insmod $m failed"; done
 mkfifo /tick
 last=unset
+folast=unset
+addressed=""
 while :; do
+  fo=""
+  for n in /sys/class/net/*; do
+    [ -e $n/master ] && continue
+    lowers=""
+    for l in $n/lower_*; do [ -e "$l" ] && lowers="$lowers ${l##*/lower_}"; done
+    [ -n "$lowers" ] || continue
+    m=${n##*/}
+    if [ "$addressed" != "$m" ]; then
+      ip addr add ` + layout.FailoverVMAddr + ` dev $m && ip link set $m up && addressed=$m
+    fi
+    primary=none; standby=none; active=none
+    for s in $lowers; do
+      read st < /sys/class/net/$s/operstate
+      v=none; [ -e /sys/class/net/$s/device/vendor ] && read v < /sys/class/net/$s/device/vendor
+      if [ "$v" = 0x8086 ]; then primary=$s:$st; else standby=$s:$st; fi
+    done
+    case $standby in *:up) active=standby;; esac
+    case $primary in *:up) active=primary;; esac
+    fo="$fo master=$m primary=$primary standby=$standby active=$active"
+  done
+  if [ "$fo" != "$folast" ]; then
+    read up rest < /proc/uptime
+    echo "` + layout.MarkInner + ` failover${fo:- none} at $up"
+    folast=$fo
+  fi
   cur=""
   for d in /sys/bus/pci/devices/*; do
     read v < $d/vendor; read p < $d/device

@@ -164,7 +164,7 @@ func (a *Attacher) AttachOnce(ctx context.Context, req Request) (Result, error) 
 			}
 			raised = true
 		}
-		if err := s.AttachLive(req.Domain, xmls[i]); err != nil {
+		if err := s.AttachDevice(req.Domain, xmls[i]); err != nil {
 			return res, fmt.Errorf("hot-plug VF %s as %s: %w", h.Source, alias, err)
 		}
 		logger.Info("Attached VF to migrated domain", "domain", req.Domain, "alias", alias, "vf", h.Source.String())

@@ -28,8 +28,10 @@ func RuntimeDir(podsDir, podUID string) string {
 type Session interface {
 	// DomainXML returns the live XML of the named domain.
 	DomainXML(domain string) (string, error)
-	// AttachLive hot-plugs a device into the running domain only.
-	AttachLive(domain, deviceXML string) error
+	// AttachDevice hot-plugs a device into the running domain and, when
+	// the domain is persistent (as KubeVirt defines it, and as a migration
+	// target receives it), into its saved definition too.
+	AttachDevice(domain, deviceXML string) error
 	// DeviceRemoved delivers the alias of every device libvirt reports
 	// removed from a domain of this daemon (VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED)
 	// until ctx ends or the connection drops, then closes the channel.
@@ -133,12 +135,25 @@ func (s *session) DomainXML(name string) (string, error) {
 	return x, nil
 }
 
-func (s *session) AttachLive(name, deviceXML string) error {
+func (s *session) AttachDevice(name, deviceXML string) error {
 	dom, err := s.lv.DomainLookupByName(name)
 	if err != nil {
 		return fmt.Errorf("look up domain %q: %w", name, err)
 	}
-	if err := s.lv.DomainAttachDeviceFlags(dom, deviceXML, uint32(libvirt.DomainAffectLive)); err != nil {
+	// KubeVirt detaches SR-IOV hostdevs from the live domain and its
+	// definition (hostdevice/hotplug.go, affectLiveAndConfigLibvirtFlags)
+	// and attaches them the same way: a live-only attach would leave the
+	// definition without the VF, and the next migration's detach would
+	// fail on it ("device not present in domain configuration").
+	flags := uint32(libvirt.DomainAffectLive)
+	persistent, err := s.lv.DomainIsPersistent(dom)
+	if err != nil {
+		return fmt.Errorf("ask whether domain %q is persistent: %w", name, err)
+	}
+	if persistent == 1 {
+		flags |= uint32(libvirt.DomainAffectConfig)
+	}
+	if err := s.lv.DomainAttachDeviceFlags(dom, deviceXML, flags); err != nil {
 		return fmt.Errorf("attach device to domain %q: %w", name, err)
 	}
 	return nil

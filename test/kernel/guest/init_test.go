@@ -32,7 +32,7 @@ import (
 // envCase marks a case child: only then do the cases touch the machine.
 const envCase = "VFNET_GUEST_CASE"
 
-// caseTests maps the case names of layout.AllCases to their tests.
+// caseTests maps the case names of layout.AllCases and OptInCases to their tests.
 func caseTests() map[string]string {
 	return map[string]string{
 		"discovery":   "TestDiscoveryAndInspect",
@@ -49,6 +49,7 @@ func caseTests() map[string]string {
 		"events":      "TestHostEvents",
 		"wire":        "TestWire",
 		"vm":          "TestVMOnVF",
+		"failover":    "TestFailover",
 	}
 }
 

@@ -430,15 +430,7 @@ func TestWire(t *testing.T) {
 		t.Fatal("the machine has no wire: the harness gives the main PF one when the wire case is selected (layout.NeedsWire)")
 	}
 	start := time.Now()
-	order, err := os.ReadFile(layout.WireModuleOrder)
-	if err != nil {
-		t.Fatalf("the wire case's modules: %v", err)
-	}
-	for _, p := range strings.Fields(string(order)) {
-		if err := loadModule(p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadWireModules(t)
 	pf := m.pf(t, layout.RoleMain)
 	if len(pf.VFs) == 0 {
 		t.Fatalf("main PF %s has no VFs", pf.Address)
@@ -473,62 +465,25 @@ func TestWire(t *testing.T) {
 	if !bytes.Equal(w.vf.mac, wireMAC) {
 		t.Fatalf("VF netdev after igbvf's probe has MAC %s; want %s from the PF", w.vf.mac, wireMAC)
 	}
-	peerDev := netdevOf(t, m.lay.Peer)
-	moveLink(t, peerDev, peerNS, root)
-	peerVLAN := "peer.100"
-	inNS(t, peerNS, func() error {
-		parent, err := netlink.LinkByName(peerDev)
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(parent); err != nil {
-			return err
-		}
-		v := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: peerVLAN, ParentIndex: parent.Attrs().Index}, VlanId: wireVLAN}
-		if err := netlink.LinkAdd(v); err != nil {
-			return fmt.Errorf("VLAN device %s: %w", peerVLAN, err)
-		}
-		return netlink.LinkSetUp(v)
-	})
-	waitOperUp(t, peerNS, peerVLAN)
+	peerVLAN := wirePeer(t, m, peerNS, root)
 	w.peer = openPort(t, peerNS, "peer", peerVLAN)
 
 	// Standby 1, the topology of docs T2: br0 with the PF's VLAN 100
 	// device and a veth whose other end (MAC M) stands for the standby
 	// virtio NIC's tap. A bridge makes its ports, and so the PF,
 	// promiscuous.
-	pfLink, err := netlink.LinkByName(pf.NetDev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pfVLAN := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "pf.100", ParentIndex: pfLink.Attrs().Index}, VlanId: wireVLAN}
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	br := vlanBridge(t, pf.NetDev, "br0")
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "sb0"}, PeerName: "sb1", PeerHardwareAddr: wireMAC}
-	for _, l := range []netlink.Link{pfVLAN, br, veth} {
-		if err := netlink.LinkAdd(l); err != nil {
-			t.Fatalf("add %s: %v", l.Attrs().Name, err)
-		}
-		name := l.Attrs().Name
-		t.Cleanup(func() {
-			if l, err := netlink.LinkByName(name); err == nil {
-				_ = netlink.LinkDel(l)
-			}
-		})
+	addLinks(t, veth)
+	l, err := netlink.LinkByName("sb0")
+	if err == nil {
+		err = netlink.LinkSetMaster(l, br)
 	}
-	for _, name := range []string{"pf.100", "sb0"} {
-		l, err := netlink.LinkByName(name)
-		if err == nil {
-			err = netlink.LinkSetMaster(l, br)
-		}
-		if err == nil {
-			err = netlink.LinkSetUp(l)
-		}
-		if err != nil {
-			t.Fatalf("%s into br0: %v", name, err)
-		}
+	if err == nil {
+		err = netlink.LinkSetUp(l)
 	}
-	if err := netlink.LinkSetUp(br); err != nil {
-		t.Fatal(err)
+	if err != nil {
+		t.Fatalf("sb0 into br0: %v", err)
 	}
 	moveLink(t, "sb1", sbNS, root)
 	inNS(t, sbNS, func() error {
@@ -730,6 +685,86 @@ func TestWire(t *testing.T) {
 	t.Logf("frames read still tagged: peer %d, macvlan standby %d (VLAN 100 is stripped before the sockets otherwise)", w.peer.tagged, w.standby.tagged)
 	out, _ := json.Marshal(map[string]any{"frames": wireFrames, "phases": w.results, "teardownSetMAC": reclaimed.String(), "seconds": time.Since(start).Seconds()})
 	console("%s %s", layout.MarkWire, out)
+}
+
+// loadWireModules loads the modules only a machine with the wire carries
+// (layout.WireModuleOrder).
+func loadWireModules(t *testing.T) {
+	t.Helper()
+	order, err := os.ReadFile(layout.WireModuleOrder)
+	if err != nil {
+		t.Fatalf("the wire's modules: %v", err)
+	}
+	for _, p := range strings.Fields(string(order)) {
+		if err := loadModule(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wirePeer moves the wire's peer NIC (layout.Peer) into ns and makes its
+// VLAN wireVLAN device there, up; it returns that device's name.
+func wirePeer(t *testing.T, m *machine, ns, root netns.NsHandle) string {
+	t.Helper()
+	peerDev := netdevOf(t, m.lay.Peer)
+	moveLink(t, peerDev, ns, root)
+	peerVLAN := "peer.100"
+	inNS(t, ns, func() error {
+		parent, err := netlink.LinkByName(peerDev)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(parent); err != nil {
+			return err
+		}
+		v := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: peerVLAN, ParentIndex: parent.Attrs().Index}, VlanId: wireVLAN}
+		if err := netlink.LinkAdd(v); err != nil {
+			return fmt.Errorf("VLAN device %s: %w", peerVLAN, err)
+		}
+		return netlink.LinkSetUp(v)
+	})
+	waitOperUp(t, ns, peerVLAN)
+	return peerVLAN
+}
+
+// vlanBridge makes, in the case's namespace, the PF's VLAN wireVLAN device
+// pf.100 and bridge name with it as a port, both up (docs T2: the node
+// bridge a standby connects to). A bridge makes its ports, and so the PF,
+// promiscuous.
+func vlanBridge(t *testing.T, pfDev, name string) *netlink.Bridge {
+	t.Helper()
+	pfLink, err := netlink.LinkByName(pfDev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pfVLAN := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "pf.100", ParentIndex: pfLink.Attrs().Index}, VlanId: wireVLAN}
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+	addLinks(t, pfVLAN, br)
+	if err := netlink.LinkSetMaster(pfVLAN, br); err != nil {
+		t.Fatalf("pf.100 into %s: %v", name, err)
+	}
+	for _, l := range []netlink.Link{pfVLAN, br} {
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatalf("set %s up: %v", l.Attrs().Name, err)
+		}
+	}
+	return br
+}
+
+// addLinks adds links and deletes them when the case ends.
+func addLinks(t *testing.T, links ...netlink.Link) {
+	t.Helper()
+	for _, l := range links {
+		if err := netlink.LinkAdd(l); err != nil {
+			t.Fatalf("add %s: %v", l.Attrs().Name, err)
+		}
+		name := l.Attrs().Name
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName(name); err == nil {
+				_ = netlink.LinkDel(l)
+			}
+		})
+	}
 }
 
 func mustIndex(t *testing.T, name string) int {

@@ -5,6 +5,7 @@ import (
 	"net"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
 // Event procedures and IDs from libvirt's remote_protocol.x and
@@ -183,4 +184,41 @@ func (s *Server) Subscribers() int {
 		}
 	}
 	return n
+}
+
+// DefineRunningPersistent adds a running domain that also has a saved
+// definition, as KubeVirt's launcher defines it (and a migration target
+// receives it): attaches with VIR_DOMAIN_AFFECT_CONFIG then change the
+// definition too (ConfigXML).
+func (s *Server) DefineRunningPersistent(domXML string) error {
+	if err := s.DefineRunning(domXML); err != nil {
+		return err
+	}
+	var cfg libvirtxml.Domain
+	if err := cfg.Unmarshal(domXML); err != nil {
+		return fmt.Errorf("libvirtfake: parse domain XML: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.domains[cfg.Name]
+	d.persistent, d.config = true, cfg
+	return nil
+}
+
+// ConfigHostdevAliases lists the hostdev aliases of a persistent domain's
+// saved definition.
+func (s *Server) ConfigHostdevAliases(domainName string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dom, ok := s.domains[domainName]
+	if !ok || dom.config.Devices == nil {
+		return nil
+	}
+	var out []string
+	for _, h := range dom.config.Devices.Hostdevs {
+		if h.Alias != nil {
+			out = append(out, h.Alias.Name)
+		}
+	}
+	return out
 }

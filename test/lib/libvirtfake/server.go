@@ -44,6 +44,7 @@ const (
 	procDomainLookupByName     = 23
 	procAuthList               = 66
 	procDomainAttachDeviceFlag = 160
+	procDomainIsPersistent     = 151
 
 	affectConfig = 2 // VIR_DOMAIN_AFFECT_CONFIG
 )
@@ -60,6 +61,10 @@ type Attach struct {
 type domain struct {
 	ref domainRef
 	def libvirtxml.Domain
+	// persistent domains have a saved definition that a config change
+	// (VIR_DOMAIN_AFFECT_CONFIG) updates; config keeps it.
+	persistent bool
+	config     libvirtxml.Domain
 }
 
 // Server is a fake session virtqemud listening on one unix socket.
@@ -310,6 +315,23 @@ func (s *Server) call(c net.Conn, h header, d *dec, opened *bool) ([]byte, *libv
 		}
 		e.str(x)
 		return e.b, nil
+	case procDomainIsPersistent:
+		ref, err := d.domain()
+		if err != nil {
+			return nil, badArgs(err)
+		}
+		s.mu.Lock()
+		dom, ok := s.domains[ref.name]
+		s.mu.Unlock()
+		if !ok {
+			return nil, noDomain(ref.name)
+		}
+		if dom.persistent {
+			e.i32(1)
+		} else {
+			e.i32(0)
+		}
+		return e.b, nil
 	case procDomainAttachDeviceFlag:
 		ref, err := d.domain()
 		if err != nil {
@@ -356,7 +378,7 @@ func (s *Server) applyLocked(name, x string, flags uint32) *libvirt.Error {
 	if !ok {
 		return noDomain(name)
 	}
-	if flags&affectConfig != 0 {
+	if flags&affectConfig != 0 && !dom.persistent {
 		return &libvirt.Error{Code: uint32(libvirt.ErrOperationInvalid), Message: "Requested operation is not valid: cannot modify device on transient domain"}
 	}
 	if s.attachErr != nil {
@@ -384,6 +406,12 @@ func (s *Server) applyLocked(name, x string, flags uint32) *libvirt.Error {
 		}
 	}
 	dom.def.Devices.Hostdevs = append(dom.def.Devices.Hostdevs, hd)
+	if flags&affectConfig != 0 {
+		if dom.config.Devices == nil {
+			dom.config.Devices = &libvirtxml.DomainDeviceList{}
+		}
+		dom.config.Devices.Hostdevs = append(dom.config.Devices.Hostdevs, hd)
+	}
 	return nil
 }
 
