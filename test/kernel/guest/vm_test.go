@@ -530,14 +530,9 @@ func detachLikeKubeVirt(t *testing.T, ctx context.Context, lv *libvirt.Libvirt, 
 	start := time.Now()
 	err = lv.DomainDetachDeviceFlags(dom, x, uint32(libvirt.DomainAffectLive|libvirt.DomainAffectConfig))
 	if err != nil && !inDefinition(t, lv, dom, alias) {
-		// vfnet's re-attach is live only (driver/migration/attach), so
-		// after one detach and re-attach the persistent definition lacks
-		// the hostdev and libvirt refuses KubeVirt's live and config
-		// detach (logged: a second migration of such a VM would meet it);
-		// the case detaches the live device alone.
-		t.Logf("KubeVirt's detach (live and config) of %s refused: %v; the persistent definition has no such hostdev (the earlier detach removed it, vfnet's live attach did not restore it): detaching it live only", alias, err)
-		start = time.Now()
-		err = lv.DomainDetachDeviceFlags(dom, x, uint32(libvirt.DomainAffectLive))
+		// KubeVirt detaches from the live domain and its definition; a
+		// re-attach by vfnet must have put the VF back into both.
+		t.Fatalf("KubeVirt's detach (live and config) of %s refused: %v: the persistent definition lacks the hostdev, so an earlier attach did not restore it there", alias, err)
 	}
 	if err != nil {
 		t.Fatalf("detach %s: %v", alias, err)
