@@ -24,6 +24,8 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -34,6 +36,7 @@ import (
 	"github.com/vfnet-io/vfnet/driver/kernel/vflink"
 	"github.com/vfnet-io/vfnet/driver/migration/attach"
 	"github.com/vfnet-io/vfnet/pkg/contract/pciaddr"
+	hooksinfo "github.com/vfnet-io/vfnet/sidecar/hooksapi/info"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
@@ -844,6 +847,55 @@ func (p *launcherPod) startSidecar(t *testing.T, metaBinds []bind) {
 	}
 	p.start(t, "vfnet-binding", append(slices.Clone(metaBinds), bind{Source: sidecarDir, Target: podVolumes["hook-sidecar-sockets"]}),
 		[]string{"NETWORK_BINDING_PLUGIN_NAME=vfnet"}, layout.Binding)
+	warmSidecar(t, sidecarDir)
+}
+
+// warmSidecar waits for the binding's socket and asks it Info once.
+// KubeVirt's hook manager gives the first Info call one second
+// (pkg/hooks/manager.go processSideCarSocket) and fails the launcher when
+// it runs out; a freshly started Go process in this TCG guest on a loaded
+// host can take longer than that to answer its first call (rehearsal of
+// 2026-12-06: served 4 ms after the call arrived, 6.6 s after it started
+// listening), which on a real node it does in milliseconds.
+func warmSidecar(t *testing.T, dir string) {
+	t.Helper()
+	var sock string
+	deadline := time.Now().Add(2 * time.Minute)
+	for sock == "" {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), ".sock") {
+				sock = filepath.Join(dir, e.Name())
+			}
+		}
+		if sock == "" {
+			if time.Now().After(deadline) {
+				t.Fatalf("vfnet-binding made no socket in %s within 2 minutes", dir)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// The kubelet-length path does not fit sun_path: dial it through an
+	// O_PATH descriptor of its directory, as the driver's attach does.
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(sock))
+	conn, err := grpc.NewClient("unix://"+short, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if _, err := hooksinfo.NewInfoClient(conn).Info(ctx, &hooksinfo.InfoParams{}); err != nil {
+		t.Fatalf("vfnet-binding's first Info call: %v", err)
+	}
+	t.Logf("vfnet-binding answered its first Info call in %s", time.Since(start).Round(time.Millisecond))
 }
 
 // linkKernelFiles puts the VM's kernel and initramfs into the pod's
