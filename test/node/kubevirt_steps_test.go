@@ -43,7 +43,9 @@ const (
 // and the domain vfnet-binding returns holds the VF's hostdev; the VF
 // carries the MAC the VMI asks for. Deleting the VM unprepares the VF.
 func (e *env) testKubeVirt(t *testing.T) {
-	ctx := e.ctx(t)
+	// The install alone may take kubevirtTimeout; the VM's part needs
+	// minutes more (rehearsal 69 ran out of the ten of e.ctx).
+	ctx := e.ctxFor(t, kubevirtTimeout+8*time.Minute)
 	dyn, err := dynamic.NewForConfig(e.Plane.AdminRESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +222,11 @@ func (e *env) waitAPIServiceAvailable(ctx context.Context, t *testing.T, dyn dyn
 
 // describeKubeVirt summarises KubeVirt's pods and the CR, with the tail of
 // each pod's log, for a failure message.
-func (e *env) describeKubeVirt(ctx context.Context) string {
+func (e *env) describeKubeVirt(context.Context) string {
+	// Its own time: it is called when a wait ran out, often with its
+	// context, which would leave only that context's error to show.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var b strings.Builder
 	if out, err := e.Kubectl(ctx, nil, "get", "kubevirt", "-n", kubevirtNS, "-o", "jsonpath={.items[*].status}"); err == nil {
 		fmt.Fprintf(&b, "KubeVirt CR status: %s\n", out)

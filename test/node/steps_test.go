@@ -59,8 +59,11 @@ type env struct {
 	ns string
 }
 
-func (e *env) ctx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+func (e *env) ctx(t *testing.T) context.Context { return e.ctxFor(t, 10*time.Minute) }
+
+// ctxFor is ctx for a step that may take longer than ten minutes.
+func (e *env) ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
