@@ -370,7 +370,7 @@ func (d *Driver) runMigration(ctx context.Context, events record.EventRecorder) 
 		return migration.Run(ctx, migration.Options{
 			NodeName: cfg.NodeName, KubeletPodsDir: cfg.KubeletPodsDir, Simulate: cfg.Simulated, ProcRoot: cfg.ProcRoot,
 			BindingName: cfg.BindingName, Kube: cfg.Kube, Dynamic: cfg.Dynamic, Recorder: events, OnAttach: d.metrics.AttachDone,
-			Failover: d.state,
+			Failover: d.failover(),
 		})
 	})
 	if err != nil && ctx.Err() == nil {

@@ -3,9 +3,12 @@ package driver
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/prepare"
 	"github.com/vfnet-io/vfnet/driver/standby"
@@ -100,4 +103,55 @@ func (d *Driver) runStandby(ctx context.Context) (wait func()) {
 		d.nri.Run(ctx)
 	}()
 	return func() { <-done }
+}
+
+// failoverMACs is the migration watcher's FailoverMACs: prepare.State's
+// park and restore, and on each park the node bridge steered to the VF's
+// standby (standby.Netlink.Steer), so the VM's inbound frames reach it at
+// once even where the bridge had learned the MAC on its uplink.
+type failoverMACs struct {
+	state parkState
+	// steer is nil when vfnet plumbs no standbys.
+	steer func(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error
+}
+
+// parkState is the part of prepare.State failoverMACs uses.
+type parkState interface {
+	IsFailover(bdf string) bool
+	SetMACParked(ctx context.Context, bdf string, parked bool) (bool, error)
+	Snapshot() *checkpoint.File
+}
+
+func (f failoverMACs) IsFailover(bdf string) bool { return f.state.IsFailover(bdf) }
+
+func (f failoverMACs) SetMACParked(ctx context.Context, bdf string, parked bool) (bool, error) {
+	changed, err := f.state.SetMACParked(ctx, bdf, parked)
+	if err != nil || !parked || f.steer == nil {
+		return changed, err
+	}
+	sb, ok := prepare.StandbyOfVF(f.state.Snapshot(), bdf)
+	if !ok {
+		return changed, nil
+	}
+	mac, err := net.ParseMAC(sb.MAC)
+	if err != nil {
+		return changed, fmt.Errorf("failover VF %s: checkpoint standby MAC %q: %w", bdf, sb.MAC, err)
+	}
+	for _, uid := range sb.PodUIDs {
+		// The park stands without it: the bridge relearns the MAC from
+		// the guest's next frame through the standby.
+		if err := f.steer(ctx, string(uid), sb.Interface, sb.Bridge, mac); err != nil {
+			klog.FromContext(ctx).Error(err, "Could not steer the node bridge to the failover standby; inbound frames may be lost until the guest sends through it", "vf", bdf)
+		}
+	}
+	return changed, nil
+}
+
+// failover is what the migration watcher parks with.
+func (d *Driver) failover() failoverMACs {
+	f := failoverMACs{state: d.state}
+	if d.cfg.Standby.on() {
+		f.steer = d.plumber.Steer
+	}
+	return f
 }

@@ -1,14 +1,21 @@
 package driver
 
 import (
+	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/vfnet-io/vfnet/driver/checkpoint"
 	"github.com/vfnet-io/vfnet/driver/kernel/sysfs"
 	"github.com/vfnet-io/vfnet/driver/standby"
 	"github.com/vfnet-io/vfnet/test/lib/pfnetns"
@@ -77,5 +84,71 @@ func TestStandbyBridgeRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		check(a, a.Address, why, "standby bridge "+bridge, "pfs[0].standby.bridge", "create it on the node")
+	}
+}
+
+// fakePark is prepare.State's park as failoverMACs sees it.
+type fakePark struct {
+	cp     *checkpoint.File
+	parked map[string]bool
+	err    error
+}
+
+func (f *fakePark) IsFailover(bdf string) bool { return true }
+func (f *fakePark) Snapshot() *checkpoint.File { return f.cp }
+func (f *fakePark) SetMACParked(_ context.Context, bdf string, parked bool) (bool, error) {
+	if f.err != nil {
+		return false, f.err
+	}
+	changed := f.parked[bdf] != parked
+	f.parked[bdf] = parked
+	return changed, nil
+}
+
+// A park steers the node bridge to each reserving pod's standby; a
+// restore, a failed park and a VF without a standby steer nothing; a
+// steering error leaves the park standing.
+func TestFailoverParkSteersTheBridge(t *testing.T) {
+	const bdf, other = "0000:01:10.0", "0000:01:10.2"
+	cp := &checkpoint.File{Claims: map[types.UID]*checkpoint.Claim{"uid-a": {
+		Namespace: "default", Name: "vm-a",
+		Devices: []checkpoint.Device{
+			{BDF: bdf, Standby: &checkpoint.Standby{PodUIDs: []types.UID{"pod-1"}, Interface: "physnet-a", MAC: "02:00:00:00:00:01", Bridge: "br-phys"}},
+			{BDF: other},
+		},
+	}}}
+	type call struct{ pod, iface, bridge, mac string }
+	var calls []call
+	steerErr := error(nil)
+	park := &fakePark{cp: cp, parked: map[string]bool{}}
+	f := failoverMACs{state: park, steer: func(_ context.Context, pod, iface, bridge string, mac net.HardwareAddr) error {
+		calls = append(calls, call{pod, iface, bridge, mac.String()})
+		return steerErr
+	}}
+	if changed, err := f.SetMACParked(t.Context(), bdf, true); err != nil || !changed {
+		t.Fatalf("park: %v, %v", changed, err)
+	}
+	want := []call{{"pod-1", "physnet-a", "br-phys", "02:00:00:00:00:01"}}
+	if !reflect.DeepEqual(calls, want) {
+		t.Fatalf("steered %+v, want %+v", calls, want)
+	}
+	calls = nil
+	if _, err := f.SetMACParked(t.Context(), bdf, false); err != nil || len(calls) != 0 {
+		t.Errorf("restore: %v, steered %+v; want no steering", err, calls)
+	}
+	if _, err := f.SetMACParked(t.Context(), other, true); err != nil || len(calls) != 0 {
+		t.Errorf("VF without standby: %v, steered %+v; want no steering", err, calls)
+	}
+	steerErr = errors.New("no veth")
+	if changed, err := f.SetMACParked(t.Context(), bdf, true); err != nil || !changed {
+		t.Errorf("park with a steering error: %v, %v; want the park to stand", changed, err)
+	}
+	park.err = errors.New("checkpoint locked")
+	calls = nil
+	if _, err := f.SetMACParked(t.Context(), bdf, true); err == nil || len(calls) != 0 {
+		t.Errorf("failed park: %v, steered %+v; want the error and no steering", err, calls)
+	}
+	if (failoverMACs{state: park}).IsFailover(bdf) != true {
+		t.Error("IsFailover does not pass through")
 	}
 }

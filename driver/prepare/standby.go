@@ -92,3 +92,16 @@ func StandbysOf(f *checkpoint.File, podUID types.UID) []Standby {
 	}
 	return out
 }
+
+// StandbyOfVF returns the standby recorded for the failover VF at bdf;
+// false when the VF is not prepared with one.
+func StandbyOfVF(f *checkpoint.File, bdf string) (checkpoint.Standby, bool) {
+	for _, c := range f.Claims {
+		for _, d := range c.Devices {
+			if d.BDF == bdf && d.Standby != nil {
+				return *d.Standby, true
+			}
+		}
+	}
+	return checkpoint.Standby{}, false
+}

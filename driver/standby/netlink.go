@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -357,4 +358,42 @@ func (n Netlink) removeHostEnds(ctx context.Context, remove func(podUID string) 
 		klog.FromContext(ctx).V(2).Info("Removed failover standby veth on the node", "veth", l.Attrs().Name, "pod", uid)
 	}
 	return errors.Join(errs...)
+}
+
+// Steer points the node bridge's forwarding entry for mac at the
+// standby's node-side veth of pod podUID and VMI interface iface. The
+// migration source calls it when it parks a failover VF's MAC: the NIC
+// then hands the VM's inbound frames to the bridge's uplink, and a bridge
+// that learned mac on that uplink (NICs loop a VF's broadcasts back to a
+// promiscuous PF) would drop them there until the guest happens to send
+// through the standby. The entry is dynamic, as if learned: it ages and
+// is relearned like any other.
+func (n Netlink) Steer(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error {
+	names := NamesFor(Attachment{PodUID: podUID, Interface: iface})
+	ns, h, err := openNs(n.HostNetns, "node's")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	defer h.Close()
+	br, err := bridgeIn(h, bridge)
+	if err != nil {
+		return err
+	}
+	veth, err := h.LinkByName(names.HostVeth)
+	if err != nil {
+		return fmt.Errorf("the standby of pod %s interface %s has no node-side veth %s in %s (its NRI plumbing is missing): %w", podUID, iface, names.HostVeth, n.HostNetns, err)
+	}
+	if veth.Attrs().MasterIndex != br.Attrs().Index {
+		return fmt.Errorf("standby veth %s is not a port of node bridge %s", names.HostVeth, bridge)
+	}
+	err = h.NeighSet(&netlink.Neigh{
+		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER,
+		State: netlink.NUD_REACHABLE, HardwareAddr: mac,
+	})
+	if err != nil {
+		return fmt.Errorf("point bridge %s's entry for %s at standby veth %s: %w", bridge, mac, names.HostVeth, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Node bridge steers the VM's MAC to its standby", "bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
+	return nil
 }

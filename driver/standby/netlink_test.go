@@ -2,6 +2,7 @@ package standby
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -393,6 +394,95 @@ func TestDetachAndPrune(t *testing.T) {
 	if _, ok := host[adminBridge]; !ok {
 		t.Errorf("Prune removed the admin's bridge")
 	}
+}
+
+// The bridge learned the VM's MAC on its uplink (the NIC looped the VF's
+// broadcasts back to the promiscuous PF); once the MAC is parked, Steer
+// moves the entry to the standby's veth, dynamic like a learned one.
+func TestSteerMovesTheMACToTheStandby(t *testing.T) {
+	e := newEnv(t)
+	a := e.attachment("physnet-a")
+	if err := e.plumber.Attach(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	br, err := e.hostH.LinkByName(adminBridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A veth stands for the PF's VLAN device (no dummy module here).
+	uplink := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink", MasterIndex: br.Attrs().Index}, PeerName: "uplink-wire"}
+	if err := e.hostH.LinkAdd(uplink); err != nil {
+		t.Fatal(err)
+	}
+	up, err := e.hostH.LinkByName("uplink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := e.hostH.LinkByName("uplink-wire")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A port learns only while it forwards: with carrier, on a bridge
+	// that is up.
+	for _, l := range []netlink.Link{br, up, wire} {
+		if err := e.hostH.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mac, _ := net.ParseMAC("02:00:00:00:00:01")
+	learned := &netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER, State: netlink.NUD_REACHABLE, HardwareAddr: mac}
+	// Carrier comes through the kernel's link watch, up to a second later.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := e.hostH.NeighSet(learned)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("learn %s on the uplink: %v", mac, err)
+		}
+	}
+	if port, _ := fdbEntry(t, e.hostH, br, mac); port != "uplink" {
+		t.Fatalf("set-up: the bridge forwards %s to %q, want uplink", mac, port)
+	}
+	if err := e.plumber.Steer(t.Context(), a.PodUID, a.Interface, adminBridge, mac); err != nil {
+		t.Fatal(err)
+	}
+	port, state := fdbEntry(t, e.hostH, br, mac)
+	if port != NamesFor(a).HostVeth {
+		t.Errorf("after Steer the bridge forwards %s to %q, want the standby's veth %s", mac, port, NamesFor(a).HostVeth)
+	}
+	if state&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
+		t.Errorf("the entry is static (state %#x): it must age and be relearned like a learned one", state)
+	}
+	// Idempotent: the watcher may park again after a restart.
+	if err := e.plumber.Steer(t.Context(), a.PodUID, a.Interface, adminBridge, mac); err != nil {
+		t.Errorf("repeated Steer: %v", err)
+	}
+	// A pod without plumbing: the error names the veth and the cause.
+	err = e.plumber.Steer(t.Context(), "no-such-pod", "physnet-a", adminBridge, mac)
+	if err == nil || !strings.Contains(err.Error(), NamesFor(Attachment{PodUID: "no-such-pod", Interface: "physnet-a"}).HostVeth) || !strings.Contains(err.Error(), "NRI plumbing") {
+		t.Errorf("Steer for a pod without plumbing: %v; want an error naming its veth and the missing NRI plumbing", err)
+	}
+}
+
+// fdbEntry is the port bridge br forwards mac to, and the entry's state.
+func fdbEntry(t *testing.T, h *netlink.Handle, br netlink.Link, mac net.HardwareAddr) (string, int) {
+	t.Helper()
+	neighs, err := h.NeighList(0, unix.AF_BRIDGE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if n.MasterIndex != br.Attrs().Index || n.HardwareAddr.String() != mac.String() {
+			continue
+		}
+		l, err := h.LinkByIndex(n.LinkIndex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Name, n.State
+	}
+	return "", 0
 }
 
 // The pod's namespace going away (its last process exits) takes the pod
