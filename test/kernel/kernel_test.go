@@ -101,6 +101,7 @@ func TestRealKernel(t *testing.T) {
 	wire := slices.ContainsFunc(cases, layout.NeedsWire)
 	if wire {
 		lay.Peer = layout.PeerNIC
+		lay.PFs = append(lay.PFs, layout.WirePF)
 	}
 	step := time.Now()
 	// Built into the cache, not the test's temp dir: go build leaves an

@@ -223,16 +223,17 @@ func TestLoadVirtReadsVersion(t *testing.T) {
 	}
 }
 
-// The wire (a hub on the main PF and the peer NIC) is in the machine only
-// when the wire case runs: the other cases boot the machine they were
-// measured on.
-func TestQEMUArgsWireOnlyForTheWireCase(t *testing.T) {
+// The wire (a hub between layout.WirePF and the peer NIC) is in the
+// machine only when a case needs it, and never on the main PF, whose VFs
+// the crash case rebinds.
+func TestQEMUArgsWireOnlyWhenACaseNeedsIt(t *testing.T) {
 	e := &Env{Vmlinux: "vmlinux"}
 	for _, tc := range []struct {
 		cases []string
 		wire  bool
 	}{
-		{[]string{"prepare", "vm"}, false},
+		{[]string{"prepare", "crash"}, false},
+		{[]string{"prepare", "vm"}, true},
 		{[]string{"wire"}, true},
 		{[]string{"prepare", "wire"}, true},
 		{[]string{"failover"}, true},
@@ -240,12 +241,15 @@ func TestQEMUArgsWireOnlyForTheWireCase(t *testing.T) {
 	} {
 		args := strings.Join(e.QEMUArgs("initrd", tc.cases, false), " ")
 		hub := strings.Contains(args, "hubport") || strings.Contains(args, "netdev=wire0") ||
-			strings.Contains(args, "addr=0x6") || strings.Contains(args, "iomem=relaxed")
+			strings.Contains(args, "addr=0x6") || strings.Contains(args, "iomem=relaxed") || strings.Contains(args, "rp4")
 		if hub != tc.wire {
 			t.Errorf("cases %v: wire in the machine %v, want %v: %s", tc.cases, hub, tc.wire, args)
 		}
-		if tc.wire && !strings.Contains(args, "igb,bus=rp1,addr=0x0,netdev=wire0") {
-			t.Errorf("cases %v: the main PF is not on the wire: %s", tc.cases, args)
+		if tc.wire && !strings.Contains(args, "igb,bus=rp4,addr=0x0,netdev=wire0") {
+			t.Errorf("cases %v: the wire's PF is not on the hub: %s", tc.cases, args)
+		}
+		if strings.Contains(args, "igb,bus=rp1,addr=0x0,") {
+			t.Errorf("cases %v: the main PF has a network backend: %s", tc.cases, args)
 		}
 	}
 }

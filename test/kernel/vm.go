@@ -262,7 +262,8 @@ func (e *Env) BuildInnerInitramfs(out string) error {
 //
 // A failover master (net_failover: a netdev with lower_* slaves and no
 // master) gets layout.FailoverVMAddr once, the only configuration a guest
-// needs; the report names each slave (primary: a PCI device of vendor
+// needs; without a master (the standby detached) the VF's own netdev gets
+// it each time it appears, as a guest without failover is set up; the report names each slave (primary: a PCI device of vendor
 // 0x8086, the VF; standby: the virtio one) with its operstate, and which
 // one net_failover transmits on (the primary while it is up).
 const innerInit = `#!/bin/busybox sh
@@ -277,6 +278,7 @@ mkfifo /tick
 last=unset
 folast=unset
 addressed=""
+vfaddressed=""
 while :; do
   fo=""
   for n in /sys/class/net/*; do
@@ -298,6 +300,19 @@ while :; do
     case $primary in *:up) active=primary;; esac
     fo="$fo master=$m primary=$primary standby=$standby active=$active"
   done
+  # Without a master (failover off: the standby left the domain) the
+  # address goes on the VF's own netdev, again each time it comes back.
+  if [ -z "$fo" ]; then
+    for n in /sys/class/net/*; do
+      [ -e $n/master ] || [ ! -e $n/device/vendor ] && continue
+      read v < $n/device/vendor
+      [ "$v" = 0x8086 ] || continue
+      read ix < $n/ifindex
+      if [ "$vfaddressed" != "$ix" ]; then
+        ip addr add ` + layout.FailoverVMAddr + ` dev ${n##*/} && ip link set ${n##*/} up && vfaddressed=$ix
+      fi
+    done
+  fi
   if [ "$fo" != "$folast" ]; then
     read up rest < /proc/uptime
     echo "` + layout.MarkInner + ` failover${fo:- none} at $up"
@@ -435,9 +450,9 @@ func writeArchive(out string, fill func(*CPIO) error) error {
 // NUMA nodes, and the igb PFs of the layout each behind its own root port.
 // With userNet, a virtio NIC on QEMU's user-mode network lets the guest
 // reach the host's loopback (the harness's API server) at 10.0.2.2. When
-// the cases include the wire case, the main PF gets a wire: a QEMU hub
-// joining it to a second outer NIC (layout.PeerNIC); the other PFs, and
-// the main PF of a run without that case, have no network backend.
+// the cases need the wire (layout.NeedsWire), a fourth igb PF
+// (layout.WirePF) gets one: a QEMU hub joining it to a second outer NIC
+// (layout.PeerNIC); the other PFs have no network backend.
 func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	args := []string{}
 	for _, d := range e.QEMUData {
@@ -474,10 +489,6 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) {
 		node = 1024
 	}
-	mainNet := ""
-	if wire {
-		mainNet = ",netdev=wire0"
-	}
 	args = append(args,
 		// One host thread runs both vCPUs in turn (thread=single): with a
 		// thread each, a vCPU whose peer has lost the host CPU can only
@@ -498,7 +509,7 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		"-device", "intel-iommu,intremap=on,caching-mode=on",
 		// main: 0000:01:00.0
 		"-device", "pcie-root-port,id=rp1,bus=pcie.0,addr=0x2,chassis=1",
-		"-device", "igb,bus=rp1,addr=0x0"+mainNet,
+		"-device", "igb,bus=rp1,addr=0x0",
 		// shared-group: 0000:02:00.0, no ACS on its port
 		"-device", "pcie-root-port,id=rp2,bus=pcie.0,addr=0x3,chassis=2,disable-acs=on",
 		"-device", "igb,bus=rp2,addr=0x0",
@@ -511,6 +522,10 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		// A hub of two ports forwards each frame to the other: the wire
 		// from the main PF to the peer NIC, with no host networking.
 		args = append(args,
+			// layout.WirePF: 0000:03:00.0 (the firmware numbers the buses
+			// of bus 0's bridges in slot order).
+			"-device", "pcie-root-port,id=rp4,bus=pcie.0,addr=0x7,chassis=4",
+			"-device", "igb,bus=rp4,addr=0x0,netdev=wire0",
 			"-netdev", "hubport,id=wire0,hubid=1", "-netdev", "hubport,id=wire1,hubid=1",
 			"-device", "virtio-net-pci,netdev=wire1,bus=pcie.0,addr=0x6,romfile=")
 	}

@@ -35,7 +35,7 @@ const (
 
 // networks maps each PF role to the network the node config gives it.
 func networks() map[string]string {
-	return map[string]string{layout.RoleMain: "net-main", layout.RoleNUMA1: "net-numa1", layout.RoleSharedGroup: "net-shared"}
+	return map[string]string{layout.RoleMain: "net-main", layout.RoleNUMA1: "net-numa1", layout.RoleSharedGroup: "net-shared", layout.RoleWire: "net-wire"}
 }
 
 // writeNodeConfig selects every PF of the layout by PCI address.
@@ -126,8 +126,11 @@ func TestDiscoveryAndInspect(t *testing.T) {
 	}
 	// What must be published: every VF of the PFs with an isolated group.
 	want := map[string]map[resourceapi.QualifiedName]string{}
-	for _, role := range []string{layout.RoleMain, layout.RoleNUMA1} {
-		lp, _ := m.lay.PF(role)
+	for _, role := range []string{layout.RoleMain, layout.RoleNUMA1, layout.RoleWire} {
+		lp, ok := m.lay.PF(role)
+		if !ok {
+			continue // the wire PF is there only with the wire
+		}
 		pf := byAddr[lp.Address]
 		for _, vf := range pf.VFs {
 			name, err := pciaddr.DeviceName(vf.Address)

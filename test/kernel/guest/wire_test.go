@@ -33,8 +33,8 @@ import (
 // through the PF, with the VF driven by igbvf and without a driver (as
 // once unplugged from its VM), and two stand-ins for the failover
 // standby on the PF's VLAN device: a bridge (the PF promiscuous) and a
-// macvlan (M in the PF's own filter). The main PF shares a QEMU hub with
-// a peer NIC in a namespace of its own.
+// macvlan (M in the PF's own filter). The wire PF (layout.WirePF) shares
+// a QEMU hub with a peer NIC in a namespace of its own.
 const (
 	wireVLAN = 100
 	// wireFrames are sent per direction and phase, wireGap apart: far
@@ -427,11 +427,11 @@ func (w *wire) phase(id byte, name string, standbySends bool) wireResult {
 func TestWire(t *testing.T) {
 	m := guest(t)
 	if m.lay.Peer == "" {
-		t.Fatal("the machine has no wire: the harness gives the main PF one when the wire case is selected (layout.NeedsWire)")
+		t.Fatal("the machine has no wire: the harness adds layout.WirePF when the wire case is selected (layout.NeedsWire)")
 	}
 	start := time.Now()
 	loadWireModules(t)
-	pf := m.pf(t, layout.RoleMain)
+	pf := m.pf(t, layout.RoleWire)
 	if len(pf.VFs) == 0 {
 		t.Fatalf("main PF %s has no VFs", pf.Address)
 	}

@@ -90,7 +90,22 @@ const (
 	// RoleSharedGroup is an igb PF behind a root port without ACS: the PF,
 	// its VFs and the port share one IOMMU group.
 	RoleSharedGroup = "shared-group"
+	// RoleWire is the igb PF on the wire (WirePF), which only a machine
+	// with the wire has.
+	RoleWire = "wire"
 )
+
+// WirePF is the PF a machine with the wire (NeedsWire) gets besides
+// Default's: alone behind its own root port on the main root complex, on a
+// QEMU hub with the peer NIC (PeerNIC). Not the main PF: with a backend on
+// its link, igbvf rebinding without a function-level reset took back a MAC
+// it had chosen before as a permanent one, which the crash case, on the
+// main PF, then met as an administrative MAC (rehearsals of 2026-12-06,
+// twice). The cases on the wire use only this PF. Four VFs, as the main
+// PF has: with one, QEMU 10's igb gave the frames a parked VF no longer
+// matched to no pool at all, not to the promiscuous PF (the failover
+// case lost 144 of 150 pings with the MAC parked, 2026-12-06).
+var WirePF = PF{Role: RoleWire, Address: "0000:03:00.0", NUMANode: -1, PCIeRoot: "pci0000:00", VFs: 4}
 
 // PF is one emulated SR-IOV NIC.
 type PF struct {
@@ -110,8 +125,8 @@ type Layout struct {
 	PFs []PF `json:"pfs"`
 	// Cases are the guest cases, in the order init runs them.
 	Cases []string `json:"cases"`
-	// Peer is the PCI address of the outer NIC that shares the main PF's
-	// wire (a QEMU hub), "" when the machine has no wire (PeerNIC).
+	// Peer is the PCI address of the outer NIC that shares WirePF's wire
+	// (a QEMU hub), "" when the machine has no wire (PeerNIC).
 	Peer string `json:"peer,omitempty"`
 	// APIServer is where the guest reaches the harness's API server
 	// ("10.0.2.2:<port>": QEMU's user-mode network forwards its host
@@ -133,10 +148,10 @@ func NeedsAPIServer(c string) bool {
 	return c == "netns" || c == "crash" || c == "numvfs" || c == "events" || c == "vm" || c == "failover"
 }
 
-// NeedsWire reports whether a case needs the main PF's wire: a QEMU hub
-// joining it to a second outer NIC (PeerNIC). Without it the igb PFs have
-// no network backend at all.
-func NeedsWire(c string) bool { return c == "wire" || c == "failover" }
+// NeedsWire reports whether a case needs the wire: WirePF on a QEMU hub
+// with a second outer NIC (PeerNIC). Without it no PF has a network
+// backend at all.
+func NeedsWire(c string) bool { return c == "wire" || c == "vm" || c == "failover" }
 
 // PeerNIC is the wire's second NIC: a virtio-net-pci on the main root
 // complex (virtio_net is loaded anyway, for the user-mode network NIC at
@@ -171,12 +186,10 @@ func Default() Layout {
 	}
 }
 
-// OptInCases run only when VFNET_KERNEL_CASES names them. wire gives the
-// main PF a link for the whole boot, and with the link up igbvf takes back
-// a MAC it chose before as a permanent one, which the crash and wire cases
-// then met as an administrative MAC (rehearsal 2026-12-06): it runs in a
-// boot of its own. failover (issue 36 item 4) boots a VM of its own and
-// has not earned a place in every run.
+// OptInCases run only when VFNET_KERNEL_CASES names them. wire is the
+// facts about QEMU's igb that the failover design rests on (issue 36,
+// Spike 0); failover is the vm case with an ablation cycle (failover on,
+// the MAC not parked), whose figures BENCHMARKS.md records.
 func OptInCases() []string { return []string{"wire", "failover"} }
 
 // Known reports whether c is a case, in AllCases or OptInCases.
