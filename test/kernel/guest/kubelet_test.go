@@ -251,16 +251,20 @@ func enterNodeRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// cAdvisor and the kubelet read a machine ID.
-	if err := os.WriteFile("/run/machine-id", []byte("0f1e2d3c4b5a69788796a5b4c3d2e1f0\n"), 0o444); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("/run/machine-id", "/etc/machine-id", "", unix.MS_BIND, ""); err != nil {
-		if err := os.WriteFile("/etc/machine-id", nil, 0o444); err == nil {
-			err = unix.Mount("/run/machine-id", "/etc/machine-id", "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			t.Fatalf("bind a machine ID on /etc/machine-id: %v", err)
+	// cAdvisor and the kubelet read a machine ID, the kubelet the user
+	// database (its user namespace mappings), containerd /etc/hosts (the
+	// base of each sandbox's); the guest has none of them unless the vm
+	// case's files brought a user database.
+	for file, data := range map[string]string{
+		"/etc/machine-id": "0f1e2d3c4b5a69788796a5b4c3d2e1f0\n",
+		"/etc/passwd":     "root:x:0:0:root:/root:/bin/sh\n",
+		"/etc/group":      "root:x:0:\n",
+		"/etc/hosts":      "127.0.0.1 localhost\n",
+	} {
+		if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+			if err := os.WriteFile(file, []byte(data), 0o444); err != nil {
+				t.Fatalf("%s for the node: %v", file, err)
+			}
 		}
 	}
 }
@@ -555,7 +559,7 @@ func runIdlePod(t *testing.T, ctx context.Context, kube kubernetes.Interface, ds
 		t.Fatalf("create pod %s: %v", pod.Name, err)
 	}
 	var last string
-	deadline := time.Now().Add(5 * time.Minute)
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		checkAlive(t, ds...)
 		p, err := kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
@@ -571,7 +575,7 @@ func runIdlePod(t *testing.T, ctx context.Context, kube kubernetes.Interface, ds
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s not Running after 5m (last: %s)", pod.Name, last)
+			t.Fatalf("pod %s not Running after 3m (last: %s)", pod.Name, last)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
