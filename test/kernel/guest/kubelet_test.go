@@ -46,6 +46,9 @@ const (
 	// idle window; idleWindow is the window.
 	nodeSettle = 15 * time.Second
 	idleWindow = 60 * time.Second
+	// baselineWindow measures the guest before the node starts: what
+	// the idle TCG guest costs by itself.
+	baselineWindow = 30 * time.Second
 	// userHZ is the unit of /proc's CPU times (USER_HZ, 100 on amd64).
 	userHZ = 100
 )
@@ -78,6 +81,7 @@ func TestKubeletNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sum kubeletSummary
+	sum.Baseline = measureIdle(t, "guest-baseline", baselineWindow, nil, nil)
 
 	start := time.Now()
 	containerd := startContainerd(t, ctx)
@@ -102,7 +106,7 @@ func TestKubeletNode(t *testing.T) {
 	t.Logf("node %s Ready %.1fs after containerd's start (kubelet %s, %s)", guestNode, sum.NodeReadyS, sum.KubeletVersion, sum.RuntimeVersion)
 
 	time.Sleep(nodeSettle)
-	sum.Idle = measureIdle(t, "kubelet-idle", kubelet, containerd)
+	sum.Idle = measureIdle(t, "kubelet-idle", idleWindow, kubelet, containerd)
 	checkAlive(t, containerd, kubelet)
 
 	step = time.Now()
@@ -112,7 +116,7 @@ func TestKubeletNode(t *testing.T) {
 	t.Logf("pod %s Running after %.1fs, its container's process %d", pod.Name, sum.PodRunningS, pid)
 
 	time.Sleep(nodeSettle)
-	sum.PodIdle = measureIdle(t, "kubelet-pod-idle", kubelet, containerd)
+	sum.PodIdle = measureIdle(t, "kubelet-pod-idle", idleWindow, kubelet, containerd)
 	checkAlive(t, containerd, kubelet)
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 		t.Errorf("the pod's container process %d is gone after the idle window: %v", pid, err)
@@ -141,10 +145,11 @@ type kubeletSummary struct {
 	NodeReadyS     float64 `json:"nodeReadyS"`
 	KubeletVersion string  `json:"kubeletVersion"`
 	RuntimeVersion string  `json:"runtimeVersion"`
-	// Idle is the window with the node Ready and no pod; PodIdle with the
-	// pod Running.
-	Idle    idleCost `json:"idle"`
-	PodIdle idleCost `json:"podIdle"`
+	// Baseline is the guest before containerd starts; Idle the window
+	// with the node Ready and no pod; PodIdle with the pod Running.
+	Baseline idleCost `json:"baseline"`
+	Idle     idleCost `json:"idle"`
+	PodIdle  idleCost `json:"podIdle"`
 	// PodRunningS: the pod's creation until it is Running; PodGoneS: its
 	// deletion until it is gone from the API server and the guest.
 	PodRunningS     float64 `json:"podRunningS"`
@@ -693,17 +698,17 @@ func guestCPU() (busy, total int64) {
 	return busy, total
 }
 
-// measureIdle measures one idle window of idleWindow: the CPU the node's
-// processes and the guest used in it, their memory at its end. It opens
-// and closes the window on the console (layout.MarkWindow), where the
-// harness reads QEMU's own CPU time.
-func measureIdle(t *testing.T, name string, kubelet, containerd *daemon) idleCost {
+// measureIdle measures one idle window of length window: the CPU the
+// node's processes (none yet when nil) and the guest used in it, their
+// memory at its end. It opens and closes the window on the console
+// (layout.MarkWindow), where the harness reads QEMU's own CPU time.
+func measureIdle(t *testing.T, name string, window time.Duration, kubelet, containerd *daemon) idleCost {
 	t.Helper()
 	before := sampleProcs()
 	busy0, total0 := guestCPU()
 	console("%s %s BEGIN", layout.MarkWindow, name)
 	began := time.Now()
-	time.Sleep(idleWindow)
+	time.Sleep(window)
 	after := sampleProcs()
 	busy1, total1 := guestCPU()
 	took := time.Since(began)
@@ -714,9 +719,11 @@ func measureIdle(t *testing.T, name string, kubelet, containerd *daemon) idleCos
 		d := after[pid].ticks - before[pid].ticks // a new process started at 0
 		return float64(d) / userHZ
 	}
-	kpid, cpid := kubelet.cmd.Process.Pid, containerd.cmd.Process.Pid
-	c.KubeletCPUs, c.ContainerdCPUs = delta(kpid), delta(cpid)
-	c.KubeletRSSMiB, c.ContainerdRSSMB = float64(after[kpid].rssKiB)/1024, float64(after[cpid].rssKiB)/1024
+	if kubelet != nil && containerd != nil {
+		kpid, cpid := kubelet.cmd.Process.Pid, containerd.cmd.Process.Pid
+		c.KubeletCPUs, c.ContainerdCPUs = delta(kpid), delta(cpid)
+		c.KubeletRSSMiB, c.ContainerdRSSMB = float64(after[kpid].rssKiB)/1024, float64(after[cpid].rssKiB)/1024
+	}
 	for pid, s := range after {
 		switch {
 		case s.comm == "containerd-shim":
