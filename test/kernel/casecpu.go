@@ -3,11 +3,14 @@ package kernel
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
 // CaseCPU records the CPU time QEMU (all its threads: the guest's vCPUs and
@@ -21,11 +24,15 @@ type CaseCPU struct {
 	tail  []byte
 	begin map[string]time.Duration
 	used  map[string]time.Duration
+	// windows are the measured windows (layout.MarkWindow lines), by name.
+	winBegin map[string]time.Duration
+	windows  map[string]time.Duration
 }
 
 // NewCaseCPU returns an empty meter; Run starts it.
 func NewCaseCPU() *CaseCPU {
-	return &CaseCPU{begin: map[string]time.Duration{}, used: map[string]time.Duration{}}
+	return &CaseCPU{begin: map[string]time.Duration{}, used: map[string]time.Duration{},
+		winBegin: map[string]time.Duration{}, windows: map[string]time.Duration{}}
 }
 
 func (m *CaseCPU) start(pid int) {
@@ -41,6 +48,14 @@ func (m *CaseCPU) Used(name string) (time.Duration, bool) {
 	defer m.mu.Unlock()
 	d, ok := m.used[name]
 	return d, ok
+}
+
+// Windows are the CPU times QEMU used in each window a case opened and
+// closed with layout.MarkWindow lines.
+func (m *CaseCPU) Windows() map[string]time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.windows)
 }
 
 // Write takes the console stream; only whole lines are looked at.
@@ -63,8 +78,15 @@ func (m *CaseCPU) Write(p []byte) (int, error) {
 }
 
 func (m *CaseCPU) line(l string) {
+	if m.pid == 0 {
+		return
+	}
+	if i := strings.Index(l, layout.MarkWindow+" "); i >= 0 {
+		m.window(strings.Fields(l[i+len(layout.MarkWindow):]))
+		return
+	}
 	i := strings.Index(l, MarkCase+" ")
-	if i < 0 || m.pid == 0 {
+	if i < 0 {
 		return
 	}
 	f := strings.Fields(l[i+len(MarkCase):])
@@ -81,6 +103,25 @@ func (m *CaseCPU) line(l string) {
 	case "PASS", "FAIL", "SKIP":
 		if b, ok := m.begin[f[0]]; ok {
 			m.used[f[0]] = now - b
+		}
+	}
+}
+
+// window takes the fields after layout.MarkWindow: a name, BEGIN or END.
+func (m *CaseCPU) window(f []string) {
+	if len(f) < 2 {
+		return
+	}
+	now, err := processCPU(m.pid)
+	if err != nil {
+		return
+	}
+	switch f[1] {
+	case "BEGIN":
+		m.winBegin[f[0]] = now
+	case "END":
+		if b, ok := m.winBegin[f[0]]; ok {
+			m.windows[f[0]] = now - b
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -89,7 +90,13 @@ func TestRealKernel(t *testing.T) {
 	if slices.ContainsFunc(cases, layout.NeedsAPIServer) {
 		// The real driver needs an API server: the guest reaches this
 		// one through QEMU's user-mode network.
-		plane := controlplane.StartForTest(t, controlplane.Options{})
+		var opts controlplane.Options
+		if slices.ContainsFunc(cases, layout.NeedsNode) {
+			// The kubelet's pods mount the kube-root-ca.crt ConfigMap
+			// (their service account token's projected volume).
+			opts.ExtraControllers = []string{"root-ca-certificate-publisher-controller"}
+		}
+		plane := controlplane.StartForTest(t, opts)
 		u, err := url.Parse(plane.URL)
 		if err != nil {
 			t.Fatal(err)
@@ -116,6 +123,13 @@ func TestRealKernel(t *testing.T) {
 	img := Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig, Wire: wire}
 	if virt {
 		img.Virt = virtImage(t, repo, cache, env, work, bins)
+	}
+	if slices.ContainsFunc(cases, layout.NeedsNode) {
+		step := time.Now()
+		if img.Node, err = FindNodeImage(t.Context(), repo, work, env.Busybox); err != nil {
+			t.Fatalf("the kubelet case's node: %v", err)
+		}
+		t.Logf("node parts and images: %s", time.Since(step).Round(time.Millisecond))
 	}
 	step = time.Now()
 	initrd := filepath.Join(env.Dir, "initramfs.cpio")
@@ -167,6 +181,10 @@ func TestRealKernel(t *testing.T) {
 	}
 	saveTrace(t, console.String(), filepath.Join(env.Dir, "last-trace.json"))
 	logWire(t, console.String())
+	windows := cpu.Windows()
+	for _, name := range slices.Sorted(maps.Keys(windows)) {
+		t.Logf("%s %s: QEMU used %.1f CPU-s", layout.MarkWindow, name, windows[name].Seconds())
+	}
 	parsed, err := ParseConsole(bytes.NewReader(console.Bytes()))
 	if err != nil {
 		t.Fatal(err)
@@ -305,11 +323,12 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 	return v
 }
 
-// logWire logs the measured figures of the wire and failover cases (their
-// layout.MarkWire and MarkFailover lines), for BENCHMARKS.md.
+// logWire logs the measured figures of the wire, failover and kubelet
+// cases (their layout.MarkWire, MarkFailover and MarkKubelet lines), for
+// BENCHMARKS.md.
 func logWire(t *testing.T, console string) {
 	for _, l := range strings.Split(console, "\n") {
-		for _, mark := range []string{layout.MarkWire, layout.MarkFailover} {
+		for _, mark := range []string{layout.MarkWire, layout.MarkFailover, layout.MarkKubelet} {
 			if i := strings.Index(l, mark+" "); i >= 0 {
 				t.Logf("%s: %s", mark, strings.TrimSpace(l[i+len(mark)+1:]))
 			}

@@ -95,6 +95,8 @@ type Image struct {
 	Virt *VirtImage
 	// Wire adds WireModules (the wire case).
 	Wire bool
+	// Node, when set, adds the kubelet case's node and NodeModules.
+	Node *NodeImage
 }
 
 // VirtImage is what the vm case runs inside the guest: libvirt and QEMU at
@@ -345,14 +347,24 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 	if err != nil {
 		return err
 	}
-	var wireOrder []string
-	if img.Wire {
-		// Only what the boot has not loaded already.
-		all, err := mods.Order(append(GuestModules(), WireModules()...))
+	// Only what the boot has not loaded already.
+	extraOrder := func(more []string) ([]string, error) {
+		all, err := mods.Order(append(GuestModules(), more...))
 		if err != nil {
+			return nil, err
+		}
+		return slices.DeleteFunc(all, func(p string) bool { return slices.Contains(order, p) }), nil
+	}
+	var wireOrder, nodeOrder []string
+	if img.Wire {
+		if wireOrder, err = extraOrder(WireModules()); err != nil {
 			return err
 		}
-		wireOrder = slices.DeleteFunc(all, func(p string) bool { return slices.Contains(order, p) })
+	}
+	if img.Node != nil {
+		if nodeOrder, err = extraOrder(NodeModules()); err != nil {
+			return err
+		}
 	}
 	libs, err := SharedLibs(e.IP, e.GuestLibs)
 	if err != nil {
@@ -366,14 +378,25 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 		if err := e.fillInitramfs(c, img, order, libs, lay); err != nil {
 			return err
 		}
-		var list bytes.Buffer
-		for i, p := range wireOrder {
-			g := fmt.Sprintf("/lib/modules/wire/%02d-%s.ko", i, ModuleName(p))
-			c.CopyFile(g, p)
-			fmt.Fprintln(&list, g)
-		}
-		if img.Wire {
-			c.File(layout.WireModuleOrder, 0o644, list.Bytes())
+		for _, set := range []struct {
+			on    bool
+			dir   string
+			order []string
+			list  string
+		}{
+			{img.Wire, "wire", wireOrder, layout.WireModuleOrder},
+			{img.Node != nil, "node", nodeOrder, layout.NodeModuleOrder},
+		} {
+			if !set.on {
+				continue
+			}
+			var list bytes.Buffer
+			for i, p := range set.order {
+				g := fmt.Sprintf("/lib/modules/%s/%02d-%s.ko", set.dir, i, ModuleName(p))
+				c.CopyFile(g, p)
+				fmt.Fprintln(&list, g)
+			}
+			c.File(set.list, 0o644, list.Bytes())
 		}
 		return nil
 	})
@@ -403,6 +426,11 @@ func (e *Env) fillInitramfs(c *CPIO, img Image, order []string, libs map[string]
 	if img.Virt != nil {
 		if err := e.addVirt(c, img.Virt); err != nil {
 			return fmt.Errorf("the vm case's files: %w", err)
+		}
+	}
+	if img.Node != nil {
+		if err := e.addNode(c, img.Node); err != nil {
+			return fmt.Errorf("the kubelet case's files: %w", err)
 		}
 	}
 	if img.Kubeconfig != "" {
@@ -484,9 +512,10 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		cmdline = append(cmdline, "iomem=relaxed")
 	}
 	// MiB per NUMA node. The vm case's initramfs is about 250 MiB larger,
-	// and its VM's memory is locked for VFIO.
+	// and its VM's memory is locked for VFIO; the kubelet case's is as
+	// much larger, and its node's daemons and image store live in memory.
 	node := 384
-	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) {
+	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) || slices.ContainsFunc(cases, layout.NeedsNode) {
 		node = 1024
 	}
 	args = append(args,

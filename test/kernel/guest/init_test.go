@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +51,7 @@ func caseTests() map[string]string {
 		"wire":        "TestWire",
 		"vm":          "TestVMOnVF",
 		"failover":    "TestFailover",
+		"kubelet":     "TestKubeletNode",
 	}
 }
 
@@ -131,6 +133,9 @@ func runCase(name, test string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/init", "-test.run", "^"+test+"$", "-test.v", "-test.timeout", "15m")
 	cmd.Env = append(os.Environ(), envCase+"=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "TMPDIR=/tmp")
+	if ownMountNamespace(name) {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	var out strings.Builder

@@ -73,6 +73,13 @@ const (
 	// netdev with slaves and no master of its own), the peer the second.
 	FailoverVMAddr   = "10.36.0.2/24"
 	FailoverPeerAddr = "10.36.0.1/24"
+	// MarkKubelet starts the kubelet case's summary line: JSON of its
+	// measured figures (Ready time, idle CPU and RSS, pod start).
+	MarkKubelet = "VFNET-KUBELET"
+	// MarkWindow starts the lines that open and close a measured window
+	// ("VFNET-WINDOW <name> BEGIN|END"): the harness reads QEMU's CPU
+	// time at each, the cost of the window to the host.
+	MarkWindow = "VFNET-WINDOW"
 	// QuietConsoleLevel is the console log level the init sets once the
 	// machine is ready: the boot is verbose (a hang shows where it
 	// stopped), the cases see only the kernel's warnings and worse.
@@ -135,6 +142,30 @@ type Layout struct {
 	APIServer string `json:"apiServer,omitempty"`
 }
 
+// Paths of the kubelet case's node (NeedsNode): the programs, by the
+// paths their packages install them to, and the images it imports.
+const (
+	Containerd = "/usr/bin/containerd"
+	// ContainerdShim is found by containerd on its PATH, by name.
+	ContainerdShim = "/usr/bin/containerd-shim-runc-v2"
+	Ctr            = "/usr/bin/ctr"
+	Kubelet        = "/usr/bin/kubelet"
+	// Runc is Debian's runc with the libraries it needs.
+	Runc = "/usr/sbin/runc"
+	// CNIBinDir holds Debian's bridge, host-local and loopback plugins.
+	CNIBinDir = "/usr/lib/cni"
+	// NodeImageDir holds the OCI archives the node imports (no registry).
+	NodeImageDir = "/usr/share/vfnet-node/images"
+	// NodeModuleOrder lists, as ModuleOrder does, the modules only the
+	// kubelet case loads (overlay for containerd's snapshotter, bridge and
+	// veth for the CNI bridge).
+	NodeModuleOrder = "/lib/modules/node-order"
+	// PauseImage is the pod sandbox image (test/node/internal/pause), and
+	// BusyboxImage the pod's container (busybox-static).
+	PauseImage   = "vfnet.test/pause:1"
+	BusyboxImage = "vfnet.test/busybox:1"
+)
+
 // GuestAddr and GuestGateway configure the guest's user-mode network
 // interface (QEMU's defaults).
 const (
@@ -145,8 +176,13 @@ const (
 // NeedsAPIServer reports whether a case runs the real driver, which needs
 // a Kubernetes API server.
 func NeedsAPIServer(c string) bool {
-	return c == "netns" || c == "crash" || c == "numvfs" || c == "events" || c == "vm" || c == "failover"
+	return c == "netns" || c == "crash" || c == "numvfs" || c == "events" || c == "vm" || c == "failover" || NeedsNode(c)
 }
+
+// NeedsNode reports whether a case runs a real node (containerd, runc and
+// the kubelet, joined to the harness's API server); its files make the
+// initramfs about 250 MiB larger.
+func NeedsNode(c string) bool { return c == "kubelet" }
 
 // NeedsWire reports whether a case needs the wire: WirePF on a QEMU hub
 // with a second outer NIC (PeerNIC). Without it no PF has a network
@@ -189,8 +225,10 @@ func Default() Layout {
 // OptInCases run only when VFNET_KERNEL_CASES names them. wire is the
 // facts about QEMU's igb that the failover design rests on (issue 36,
 // Spike 0); failover is the vm case with an ablation cycle (failover on,
-// the MAC not parked), whose figures BENCHMARKS.md records.
-func OptInCases() []string { return []string{"wire", "failover"} }
+// the MAC not parked), whose figures BENCHMARKS.md records; kubelet
+// (issue 33 item 3) is a spike's measurement of a real node's cost under
+// TCG.
+func OptInCases() []string { return []string{"wire", "failover", "kubelet"} }
 
 // Known reports whether c is a case, in AllCases or OptInCases.
 func Known(c string) bool {
