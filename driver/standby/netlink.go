@@ -166,6 +166,14 @@ func (n Netlink) Attach(ctx context.Context, a Attachment) (err error) {
 	if err = pod.LinkSetMaster(podVeth, br); err != nil {
 		return fmt.Errorf("put veth %s on bridge %s in the pod: %w", names.PodVeth, names.PodBridge, err)
 	}
+	// The VM's MAC only ever sits behind the tap. Learning it on the veth
+	// (the VF's own broadcasts, looped back by the NIC to its promiscuous
+	// PF, come back through the node bridge) made this bridge drop the
+	// frames for it that the node bridge sent, for 18 s of a ping in the
+	// real-kernel tier; without learning there, they reach the tap.
+	if err = pod.LinkSetLearning(podVeth, false); err != nil {
+		return fmt.Errorf("turn off learning on veth %s in the pod: %w", names.PodVeth, err)
+	}
 	if err = upWithMTU(pod, podVeth, mtu); err != nil {
 		return fmt.Errorf("veth %s in the pod: %w", names.PodVeth, err)
 	}

@@ -135,6 +135,9 @@ func (e *env) checkPlumbed(a Attachment) {
 	if pv.Attrs().ParentIndex != hv.Attrs().Index || hv.Attrs().ParentIndex != pv.Attrs().Index {
 		t.Errorf("veths %s and %s are not one pair (peer indexes %d, %d)", n.PodVeth, n.HostVeth, pv.Attrs().ParentIndex, hv.Attrs().ParentIndex)
 	}
+	if pi, err := e.podH.LinkGetProtinfo(pv); err != nil || pi.Learning {
+		t.Errorf("pod veth %s learns (%+v, %v): the VM's MAC must only ever be learned behind the tap", n.PodVeth, pi, err)
+	}
 	if hv.Attrs().Alias != n.HostAlias {
 		t.Errorf("node veth alias %q, want %q", hv.Attrs().Alias, n.HostAlias)
 	}
