@@ -264,9 +264,11 @@ type counters struct {
 	TapToVM, TapFromVM uint64 // the tap's tx (to QEMU) and rx (from the VM)
 	VFPoolRx           int64  // QEMU's count into the VF's pool (PVFGPRC), -1 unreadable
 	UplinkRx           uint64 // pf.100's rx: what the PF gave the node bridge's uplink
+	StandbyVethTx      uint64 // the standby's node-side veth's tx: what the node bridge sent it
 }
 
-func readCounters(tap string, regs *pfRegs, vfIndex int) counters {
+func readCounters(names standby.Names, regs *pfRegs, vfIndex int) counters {
+	tap := names.Tap
 	read := func(name string) uint64 {
 		b, _ := os.ReadFile(filepath.Join("/sys/class/net", tap, "statistics", name))
 		n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
@@ -276,6 +278,9 @@ func readCounters(tap string, regs *pfRegs, vfIndex int) counters {
 	if b, err := os.ReadFile("/sys/class/net/pf.100/statistics/rx_packets"); err == nil {
 		c.UplinkRx, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
+	if b, err := os.ReadFile(filepath.Join("/sys/class/net", names.HostVeth, "statistics", "tx_packets")); err == nil {
+		c.StandbyVethTx, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
 	if v, ok := regs.vfPoolRx(vfIndex); ok {
 		c.VFPoolRx = int64(v)
 	}
@@ -283,7 +288,7 @@ func readCounters(tap string, regs *pfRegs, vfIndex int) counters {
 }
 
 func (c counters) minus(o counters) counters {
-	d := counters{TapToVM: c.TapToVM - o.TapToVM, TapFromVM: c.TapFromVM - o.TapFromVM, VFPoolRx: -1, UplinkRx: c.UplinkRx - o.UplinkRx}
+	d := counters{TapToVM: c.TapToVM - o.TapToVM, TapFromVM: c.TapFromVM - o.TapFromVM, VFPoolRx: -1, UplinkRx: c.UplinkRx - o.UplinkRx, StandbyVethTx: c.StandbyVethTx - o.StandbyVethTx}
 	if c.VFPoolRx >= 0 && o.VFPoolRx >= 0 {
 		d.VFPoolRx = int64(uint32(c.VFPoolRx) - uint32(o.VFPoolRx))
 	}
@@ -307,6 +312,9 @@ type cycleResult struct {
 	OutTapToVM      uint64 `json:"outTapToVM"`
 	OutVFPoolRx     int64  `json:"outVFPoolRx"`
 	OutUplinkRx     uint64 `json:"outUplinkRx"`
+	OutVethTx       uint64 `json:"outVethTx"`
+	// PodFDB is the port the pod bridge forwards M to once the VF is out.
+	PodFDB string `json:"podFDB"`
 	// PeerNeigh is the peer's neighbour entry for the VM once the VF is out.
 	PeerNeigh string `json:"peerNeigh"`
 	DetachMs  int64  `json:"detachMs"`
@@ -477,10 +485,10 @@ func vmOnWire(t *testing.T, ablation bool) {
 			kind, gone, back, backWhat = "vfs", vfGone, r.vfIn, "its VF back with MAC "+vmMAC
 		}
 		res.marks[0] = time.Now()
-		c0 := readCounters(names.Tap, regs, r.vf.Index)
+		c0 := readCounters(names, regs, r.vf.Index)
 		time.Sleep(steadyFor)
 		res.marks[1] = time.Now()
-		cD := readCounters(names.Tap, regs, r.vf.Index)
+		cD := readCounters(names, regs, r.vf.Index)
 		res.FDBSteady = fdbPort(t, nodeBridge, vmMAC)
 		detach := detachLikeKubeVirt(t, ctx, r.lv, r.alias)
 		res.DetachMs = detach.Milliseconds()
@@ -510,6 +518,7 @@ func vmOnWire(t *testing.T, ablation bool) {
 		}
 		outFor := r.pod.waitReport(t, ctx, 2*time.Minute, kind, gone, "its VF gone")
 		res.FDBOut = fdbPort(t, nodeBridge, vmMAC)
+		res.PodFDB = fdbPort(t, names.PodBridge, vmMAC)
 		inNS(t, peerNS, func() error {
 			ns, err := netlink.NeighList(0, unix.AF_INET)
 			for _, n := range ns {
@@ -527,7 +536,7 @@ func vmOnWire(t *testing.T, ablation bool) {
 			time.Sleep(wait)
 		}
 		res.marks[2] = time.Now()
-		c1 := readCounters(names.Tap, regs, r.vf.Index)
+		c1 := readCounters(names, regs, r.vf.Index)
 		if res.Park {
 			if changed, err := park.SetMACParked(ctx, r.vf.Address, false); err != nil || !changed {
 				t.Fatalf("%s: unpark the VF's MAC: changed %v, %v", mode, changed, err)
@@ -551,7 +560,7 @@ func vmOnWire(t *testing.T, ablation bool) {
 		res.marks[4] = time.Now()
 		steady, out := cD.minus(c0), c1.minus(cD)
 		res.SteadyTapFromVM = steady.TapFromVM
-		res.OutTapFromVM, res.OutTapToVM, res.OutVFPoolRx, res.OutUplinkRx = out.TapFromVM, out.TapToVM, out.VFPoolRx, out.UplinkRx
+		res.OutTapFromVM, res.OutTapToVM, res.OutVFPoolRx, res.OutUplinkRx, res.OutVethTx = out.TapFromVM, out.TapToVM, out.VFPoolRx, out.UplinkRx, out.StandbyVethTx
 		return res
 	}
 	cycles := []cycleResult{cycle(modePark, nil)}
