@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,26 +90,15 @@ func (m *CaseCPU) line(l string) {
 	if i < 0 {
 		return
 	}
-	f := strings.Fields(l[i+len(MarkCase):])
-	if len(f) < 2 {
-		return
-	}
-	now, err := processCPU(m.pid)
-	if err != nil {
-		return
-	}
-	switch f[1] {
-	case "BEGIN":
-		m.begin[f[0]] = now
-	case "PASS", "FAIL", "SKIP":
-		if b, ok := m.begin[f[0]]; ok {
-			m.used[f[0]] = now - b
-		}
-	}
+	m.stamp(strings.Fields(l[i+len(MarkCase):]), m.begin, m.used, "PASS", "FAIL", "SKIP")
 }
 
 // window takes the fields after layout.MarkWindow: a name, BEGIN or END.
-func (m *CaseCPU) window(f []string) {
+func (m *CaseCPU) window(f []string) { m.stamp(f, m.winBegin, m.windows, "END") }
+
+// stamp takes a mark's fields (a name, then BEGIN or one of ends): QEMU's
+// CPU time at BEGIN goes into begin, the time used since into used.
+func (m *CaseCPU) stamp(f []string, begin, used map[string]time.Duration, ends ...string) {
 	if len(f) < 2 {
 		return
 	}
@@ -116,12 +106,12 @@ func (m *CaseCPU) window(f []string) {
 	if err != nil {
 		return
 	}
-	switch f[1] {
-	case "BEGIN":
-		m.winBegin[f[0]] = now
-	case "END":
-		if b, ok := m.winBegin[f[0]]; ok {
-			m.windows[f[0]] = now - b
+	switch {
+	case f[1] == "BEGIN":
+		begin[f[0]] = now
+	case slices.Contains(ends, f[1]):
+		if b, ok := begin[f[0]]; ok {
+			used[f[0]] = now - b
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vfnet-io/vfnet/test/kernel/layout"
 )
 
 // readNewc is an independent reader of the newc format (as the kernel's
@@ -180,14 +182,14 @@ func TestCaseCPUMeasuresBetweenMarks(t *testing.T) {
 	m.start(os.Getpid())
 	// Marks may arrive split across writes and after other text.
 	fmt.Fprint(m, "[ 1.0] kernel says hi\nVFNET-CASE busy BE")
-	fmt.Fprint(m, "GIN\nVFNET-CASE hung BEGIN\n")
+	fmt.Fprint(m, "GIN\nVFNET-CASE hung BEGIN\n"+layout.MarkWindow+" idle BEGIN\n")
 	// Spin until this process has used 200ms of CPU, by getrusage: on a
 	// loaded machine wall time says nothing of the CPU a spin gets.
 	begin := selfCPU(t)
 	for n := 0; selfCPU(t)-begin < 200*time.Millisecond; n++ {
 		_ = n * n
 	}
-	fmt.Fprint(m, "output\nVFNET-CASE busy PASS (0.3s)\n")
+	fmt.Fprint(m, "output\nVFNET-CASE busy PASS (0.3s)\n"+layout.MarkWindow+" idle END\n")
 	used, ok := m.Used("busy")
 	// /proc/<pid>/stat counts in 10ms ticks.
 	if !ok || used < 150*time.Millisecond {
@@ -195,6 +197,9 @@ func TestCaseCPUMeasuresBetweenMarks(t *testing.T) {
 	}
 	if _, ok := m.Used("hung"); ok {
 		t.Fatal("a case that never ended has a CPU time")
+	}
+	if w := m.Windows(); w["idle"] < 150*time.Millisecond || len(w) != 1 {
+		t.Fatalf("windows %v, want idle with at least 150ms", w)
 	}
 }
 
