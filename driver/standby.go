@@ -106,13 +106,14 @@ func (d *Driver) runStandby(ctx context.Context) (wait func()) {
 }
 
 // failoverMACs is the migration watcher's FailoverMACs: prepare.State's
-// park and restore, and on each park the node bridge steered to the VF's
-// standby (standby.Netlink.Steer), so the VM's inbound frames reach it at
-// once even where the bridge had learned the MAC on its uplink.
+// park and restore, with the node bridge steered to the VF's standby on
+// each park (standby.Netlink.Steer), so the VM's inbound frames reach it
+// at once even where the bridge had learned the MAC on its uplink, and
+// handed back to learning on each restore (Unsteer).
 type failoverMACs struct {
 	state parkState
-	// steer is nil when vfnet plumbs no standbys.
-	steer func(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error
+	// steer and unsteer are nil when vfnet plumbs no standbys.
+	steer, unsteer func(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error
 }
 
 // parkState is the part of prepare.State failoverMACs uses.
@@ -126,7 +127,7 @@ func (f failoverMACs) IsFailover(bdf string) bool { return f.state.IsFailover(bd
 
 func (f failoverMACs) SetMACParked(ctx context.Context, bdf string, parked bool) (bool, error) {
 	changed, err := f.state.SetMACParked(ctx, bdf, parked)
-	if err != nil || !parked || f.steer == nil {
+	if err != nil || f.steer == nil {
 		return changed, err
 	}
 	sb, ok := prepare.StandbyOfVF(f.state.Snapshot(), bdf)
@@ -140,6 +141,12 @@ func (f failoverMACs) SetMACParked(ctx context.Context, bdf string, parked bool)
 	for _, uid := range sb.PodUIDs {
 		// The park stands without it: the bridge relearns the MAC from
 		// the guest's next frame through the standby.
+		if !parked {
+			if err := f.unsteer(ctx, string(uid), sb.Interface, sb.Bridge, mac); err != nil {
+				klog.FromContext(ctx).Error(err, "Could not hand the failover MAC back to the node bridge's learning; the bridge sends the VM's frames through the standby until the entry ages", "vf", bdf)
+			}
+			continue
+		}
 		if err := f.steer(ctx, string(uid), sb.Interface, sb.Bridge, mac); err != nil {
 			klog.FromContext(ctx).Error(err, "Could not steer the node bridge to the failover standby; inbound frames may be lost until the guest sends through it", "vf", bdf)
 		}
@@ -151,7 +158,7 @@ func (f failoverMACs) SetMACParked(ctx context.Context, bdf string, parked bool)
 func (d *Driver) failover() failoverMACs {
 	f := failoverMACs{state: d.state}
 	if d.cfg.Standby.on() {
-		f.steer = d.plumber.Steer
+		f.steer, f.unsteer = d.plumber.Steer, d.plumber.Unsteer
 	}
 	return f
 }

@@ -105,9 +105,9 @@ func (f *fakePark) SetMACParked(_ context.Context, bdf string, parked bool) (boo
 	return changed, nil
 }
 
-// A park steers the node bridge to each reserving pod's standby; a
-// restore, a failed park and a VF without a standby steer nothing; a
-// steering error leaves the park standing.
+// A park steers the node bridge to each reserving pod's standby and a
+// restore hands it back; a failed park and a VF without a standby steer
+// nothing; a steering error leaves the park standing.
 func TestFailoverParkSteersTheBridge(t *testing.T) {
 	const bdf, other = "0000:01:10.0", "0000:01:10.2"
 	cp := &checkpoint.File{Claims: map[types.UID]*checkpoint.Claim{"uid-a": {
@@ -121,9 +121,13 @@ func TestFailoverParkSteersTheBridge(t *testing.T) {
 	var calls []call
 	steerErr := error(nil)
 	park := &fakePark{cp: cp, parked: map[string]bool{}}
+	var unsteered []call
 	f := failoverMACs{state: park, steer: func(_ context.Context, pod, iface, bridge string, mac net.HardwareAddr) error {
 		calls = append(calls, call{pod, iface, bridge, mac.String()})
 		return steerErr
+	}, unsteer: func(_ context.Context, pod, iface, bridge string, mac net.HardwareAddr) error {
+		unsteered = append(unsteered, call{pod, iface, bridge, mac.String()})
+		return nil
 	}}
 	if changed, err := f.SetMACParked(t.Context(), bdf, true); err != nil || !changed {
 		t.Fatalf("park: %v, %v", changed, err)
@@ -133,8 +137,8 @@ func TestFailoverParkSteersTheBridge(t *testing.T) {
 		t.Fatalf("steered %+v, want %+v", calls, want)
 	}
 	calls = nil
-	if _, err := f.SetMACParked(t.Context(), bdf, false); err != nil || len(calls) != 0 {
-		t.Errorf("restore: %v, steered %+v; want no steering", err, calls)
+	if _, err := f.SetMACParked(t.Context(), bdf, false); err != nil || len(calls) != 0 || !reflect.DeepEqual(unsteered, want) {
+		t.Errorf("restore: %v, steered %+v, unsteered %+v; want no steering and %+v unsteered", err, calls, unsteered, want)
 	}
 	if _, err := f.SetMACParked(t.Context(), other, true); err != nil || len(calls) != 0 {
 		t.Errorf("VF without standby: %v, steered %+v; want no steering", err, calls)

@@ -374,8 +374,11 @@ func (n Netlink) removeHostEnds(ctx context.Context, remove func(podUID string) 
 // then hands the VM's inbound frames to the bridge's uplink, and a bridge
 // that learned mac on that uplink (NICs loop a VF's broadcasts back to a
 // promiscuous PF) would drop them there until the guest happens to send
-// through the standby. The entry is dynamic, as if learned: it ages and
-// is relearned like any other.
+// through the standby. The entry is sticky, so a frame from mac that comes
+// back on the uplink cannot move it (QEMU's igb reflected the standby's own
+// broadcasts to the PF: rehearsal 72 read the entry on the uplink right
+// after a steer), and dynamic, so it ages once the standby goes quiet;
+// Unsteer removes it when the MAC is restored.
 func (n Netlink) Steer(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error {
 	names := NamesFor(Attachment{PodUID: podUID, Interface: iface})
 	ns, h, err := openNs(n.HostNetns, "node's")
@@ -396,12 +399,40 @@ func (n Netlink) Steer(ctx context.Context, podUID, iface, bridge string, mac ne
 		return fmt.Errorf("standby veth %s is not a port of node bridge %s", names.HostVeth, bridge)
 	}
 	err = h.NeighSet(&netlink.Neigh{
-		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER,
+		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER | netlink.NTF_STICKY,
 		State: netlink.NUD_REACHABLE, HardwareAddr: mac,
 	})
 	if err != nil {
 		return fmt.Errorf("point bridge %s's entry for %s at standby veth %s: %w", bridge, mac, names.HostVeth, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Node bridge steers the VM's MAC to its standby", "bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
+	return nil
+}
+
+// Unsteer removes the entry Steer made, if the bridge still has it on the
+// standby's veth, so the bridge learns mac wherever the VM sends from
+// once its VF is back. Nothing to remove is no error.
+func (n Netlink) Unsteer(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error {
+	names := NamesFor(Attachment{PodUID: podUID, Interface: iface})
+	ns, h, err := openNs(n.HostNetns, "node's")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	defer h.Close()
+	veth, err := h.LinkByName(names.HostVeth)
+	if notFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("standby veth %s: %w", names.HostVeth, err)
+	}
+	err = h.NeighDel(&netlink.Neigh{
+		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER, HardwareAddr: mac,
+	})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove bridge %s's entry for %s on standby veth %s: %w", bridge, mac, names.HostVeth, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Node bridge learns the VM's MAC again", "bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
 	return nil
 }

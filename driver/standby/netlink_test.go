@@ -457,15 +457,65 @@ func TestSteerMovesTheMACToTheStandby(t *testing.T) {
 	if state&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
 		t.Errorf("the entry is static (state %#x): it must age and be relearned like a learned one", state)
 	}
+	// Sticky: the standby's own broadcast, reflected back on the uplink,
+	// must not move it.
+	e.sendFrom("uplink-wire", mac)
+	if port, _ := fdbEntry(t, e.hostH, br, mac); port != NamesFor(a).HostVeth {
+		t.Errorf("a frame from %s on the uplink moved the steered entry to %q", mac, port)
+	}
 	// Idempotent: the watcher may park again after a restart.
 	if err := e.plumber.Steer(t.Context(), a.PodUID, a.Interface, adminBridge, mac); err != nil {
 		t.Errorf("repeated Steer: %v", err)
+	}
+	// Unsteer gives the MAC back to learning; a repeat finds nothing.
+	for i := 0; i < 2; i++ {
+		if err := e.plumber.Unsteer(t.Context(), a.PodUID, a.Interface, adminBridge, mac); err != nil {
+			t.Fatalf("Unsteer %d: %v", i+1, err)
+		}
+	}
+	if port, _ := fdbEntry(t, e.hostH, br, mac); port == NamesFor(a).HostVeth {
+		t.Errorf("after Unsteer the bridge still forwards %s to the standby", mac)
+	}
+	e.sendFrom("uplink-wire", mac)
+	if port, _ := fdbEntry(t, e.hostH, br, mac); port != "uplink" {
+		t.Errorf("after Unsteer the bridge did not learn %s on the uplink again: %q", mac, port)
 	}
 	// A pod without plumbing: the error names the veth and the cause.
 	err = e.plumber.Steer(t.Context(), "no-such-pod", "physnet-a", adminBridge, mac)
 	if err == nil || !strings.Contains(err.Error(), NamesFor(Attachment{PodUID: "no-such-pod", Interface: "physnet-a"}).HostVeth) || !strings.Contains(err.Error(), "NRI plumbing") {
 		t.Errorf("Steer for a pod without plumbing: %v; want an error naming its veth and the missing NRI plumbing", err)
 	}
+}
+
+// sendFrom sends one broadcast frame from src out of ifname in the node's
+// namespace (its veth peer, a bridge port, receives it) and waits until
+// the bridge has seen it.
+func (e *env) sendFrom(ifname string, src net.HardwareAddr) {
+	t := e.t
+	t.Helper()
+	l, err := e.hostH.LinkByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromPath(e.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	frame := append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src...), 0x88, 0xb5)
+	frame = append(frame, make([]byte, 46)...)
+	err = inNetns(ns, func() error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6})
+	})
+	if err != nil {
+		t.Fatalf("send a frame from %s on %s: %v", src, ifname, err)
+	}
+	time.Sleep(100 * time.Millisecond) // the veth delivers it asynchronously
 }
 
 // fdbEntry is the port bridge br forwards mac to, and the entry's state.

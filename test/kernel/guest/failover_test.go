@@ -502,10 +502,11 @@ func vmOnWire(t *testing.T, ablation bool) {
 				t.Fatalf("%s: park the VF's MAC: changed %v, %v", mode, changed, err)
 			}
 			res.ParkMs = time.Since(step).Milliseconds()
-			// What the driver's watcher does with each park
-			// (driver.failoverMACs): the node bridge may have learned M
-			// on its uplink from the VF's broadcasts looped back to the
-			// promiscuous PF (seen here, rehearsal of 2026-12-06).
+			// What the driver's watcher does with each park and
+			// restore (driver.failoverMACs): the node bridge may have
+			// learned M on its uplink from the VF's broadcasts looped
+			// back to the promiscuous PF, and QEMU reflected the
+			// standby's own to it (rehearsals of 2026-12-06).
 			if err := plumber.Steer(ctx, launcherPodUID, vmIface, nodeBridge, mac); err != nil {
 				t.Fatalf("%s: steer the node bridge to the standby: %v", mode, err)
 			}
@@ -540,6 +541,9 @@ func vmOnWire(t *testing.T, ablation bool) {
 		if res.Park {
 			if changed, err := park.SetMACParked(ctx, r.vf.Address, false); err != nil || !changed {
 				t.Fatalf("%s: unpark the VF's MAC: changed %v, %v", mode, changed, err)
+			}
+			if err := plumber.Unsteer(ctx, launcherPodUID, vmIface, nodeBridge, mac); err != nil {
+				t.Fatalf("%s: hand the MAC back to the node bridge's learning: %v", mode, err)
 			}
 		}
 		_, dom, raw := liveDomain(t, r.lv)
