@@ -380,40 +380,21 @@ func (n Netlink) removeHostEnds(ctx context.Context, remove func(podUID string) 
 // after a steer), and dynamic, so it ages once the standby goes quiet;
 // Unsteer removes it when the MAC is restored.
 func (n Netlink) Steer(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error {
-	names := NamesFor(Attachment{PodUID: podUID, Interface: iface})
-	ns, h, err := openNs(n.HostNetns, "node's")
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	defer h.Close()
-	br, err := bridgeIn(h, bridge)
-	if err != nil {
-		return err
-	}
-	veth, err := h.LinkByName(names.HostVeth)
-	if err != nil {
-		return fmt.Errorf("the standby of pod %s interface %s has no node-side veth %s in %s (its NRI plumbing is missing): %w", podUID, iface, names.HostVeth, n.HostNetns, err)
-	}
-	if veth.Attrs().MasterIndex != br.Attrs().Index {
-		return fmt.Errorf("standby veth %s is not a port of node bridge %s", names.HostVeth, bridge)
-	}
-	err = h.NeighSet(&netlink.Neigh{
-		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER | netlink.NTF_STICKY,
-		State: netlink.NUD_REACHABLE, HardwareAddr: mac,
-	})
-	if err != nil {
-		return fmt.Errorf("point bridge %s's entry for %s at standby veth %s: %w", bridge, mac, names.HostVeth, err)
-	}
-	klog.FromContext(ctx).V(2).Info("Node bridge steers the VM's MAC to its standby", "bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
-	return nil
+	return n.standbyEntry(ctx, podUID, iface, bridge, mac, true)
 }
 
 // Unsteer removes the entry Steer made, if the bridge still has it on the
 // standby's veth, so the bridge learns mac wherever the VM sends from
 // once its VF is back. Nothing to remove is no error.
 func (n Netlink) Unsteer(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr) error {
+	return n.standbyEntry(ctx, podUID, iface, bridge, mac, false)
+}
+
+// standbyEntry sets (Steer) or removes (Unsteer) the node bridge's entry
+// for mac on the standby's node-side veth.
+func (n Netlink) standbyEntry(ctx context.Context, podUID, iface, bridge string, mac net.HardwareAddr, steer bool) error {
 	names := NamesFor(Attachment{PodUID: podUID, Interface: iface})
+	logger := klog.FromContext(ctx).V(2).WithValues("bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
 	ns, h, err := openNs(n.HostNetns, "node's")
 	if err != nil {
 		return err
@@ -421,18 +402,34 @@ func (n Netlink) Unsteer(ctx context.Context, podUID, iface, bridge string, mac 
 	defer ns.Close()
 	defer h.Close()
 	veth, err := h.LinkByName(names.HostVeth)
-	if notFound(err) {
+	switch {
+	case notFound(err) && !steer:
+		return nil // the pod is gone, and its entry with its veth
+	case notFound(err):
+		return fmt.Errorf("the standby of pod %s interface %s has no node-side veth %s in %s (its NRI plumbing is missing): %w", podUID, iface, names.HostVeth, n.HostNetns, err)
+	case err != nil:
+		return fmt.Errorf("read standby veth %s: %w", names.HostVeth, err)
+	}
+	entry := &netlink.Neigh{LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER, HardwareAddr: mac}
+	if !steer {
+		if err := h.NeighDel(entry); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove bridge %s's entry for %s on standby veth %s: %w", bridge, mac, names.HostVeth, err)
+		}
+		logger.Info("Node bridge learns the VM's MAC again")
 		return nil
 	}
+	br, err := bridgeIn(h, bridge)
 	if err != nil {
-		return fmt.Errorf("standby veth %s: %w", names.HostVeth, err)
+		return err
 	}
-	err = h.NeighDel(&netlink.Neigh{
-		LinkIndex: veth.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER, HardwareAddr: mac,
-	})
-	if err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("remove bridge %s's entry for %s on standby veth %s: %w", bridge, mac, names.HostVeth, err)
+	if veth.Attrs().MasterIndex != br.Attrs().Index {
+		return fmt.Errorf("standby veth %s is not a port of node bridge %s", names.HostVeth, bridge)
 	}
-	klog.FromContext(ctx).V(2).Info("Node bridge learns the VM's MAC again", "bridge", bridge, "mac", mac.String(), "veth", names.HostVeth, "pod", podUID)
+	entry.Flags |= netlink.NTF_STICKY
+	entry.State = netlink.NUD_REACHABLE
+	if err := h.NeighSet(entry); err != nil {
+		return fmt.Errorf("point bridge %s's entry for %s at standby veth %s: %w", bridge, mac, names.HostVeth, err)
+	}
+	logger.Info("Node bridge steers the VM's MAC to its standby")
 	return nil
 }
