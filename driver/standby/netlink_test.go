@@ -28,6 +28,7 @@ type env struct {
 	host, pod   string
 	hostH, podH *netlink.Handle
 	plumber     Netlink
+	markers     int // sendFrom's marker MACs so far
 }
 
 const adminBridge = "br-phys"
@@ -459,7 +460,7 @@ func TestSteerMovesTheMACToTheStandby(t *testing.T) {
 	}
 	// Sticky: the standby's own broadcast, reflected back on the uplink,
 	// must not move it.
-	e.sendFrom("uplink-wire", mac)
+	e.sendFrom(br, "uplink-wire", "uplink", mac)
 	if port, _ := fdbEntry(t, e.hostH, br, mac); port != NamesFor(a).HostVeth {
 		t.Errorf("a frame from %s on the uplink moved the steered entry to %q", mac, port)
 	}
@@ -476,7 +477,7 @@ func TestSteerMovesTheMACToTheStandby(t *testing.T) {
 	if port, _ := fdbEntry(t, e.hostH, br, mac); port == NamesFor(a).HostVeth {
 		t.Errorf("after Unsteer the bridge still forwards %s to the standby", mac)
 	}
-	e.sendFrom("uplink-wire", mac)
+	e.sendFrom(br, "uplink-wire", "uplink", mac)
 	if port, _ := fdbEntry(t, e.hostH, br, mac); port != "uplink" {
 		t.Errorf("after Unsteer the bridge did not learn %s on the uplink again: %q", mac, port)
 	}
@@ -488,9 +489,10 @@ func TestSteerMovesTheMACToTheStandby(t *testing.T) {
 }
 
 // sendFrom sends one broadcast frame from src out of ifname in the node's
-// namespace (its veth peer, a bridge port, receives it) and waits until
-// the bridge has seen it.
-func (e *env) sendFrom(ifname string, src net.HardwareAddr) {
+// namespace, whose veth peer port is a port of br, and returns once br
+// has processed it: a marker frame from another MAC follows on the same
+// path, and the bridge has learned the marker on port.
+func (e *env) sendFrom(br netlink.Link, ifname, port string, src net.HardwareAddr) {
 	t := e.t
 	t.Helper()
 	l, err := e.hostH.LinkByName(ifname)
@@ -502,20 +504,34 @@ func (e *env) sendFrom(ifname string, src net.HardwareAddr) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	frame := append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src...), 0x88, 0xb5)
-	frame = append(frame, make([]byte, 46)...)
+	e.markers++
+	marker := net.HardwareAddr{0x02, 0, 0, 0, 0xfe, byte(e.markers)}
 	err = inNetns(ns, func() error {
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6})
+		for _, from := range []net.HardwareAddr{src, marker} {
+			frame := append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, from...), 0x88, 0xb5)
+			frame = append(frame, make([]byte, 46)...)
+			if err := unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatalf("send a frame from %s on %s: %v", src, ifname, err)
 	}
-	time.Sleep(100 * time.Millisecond) // the veth delivers it asynchronously
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got, _ := fdbEntry(t, e.hostH, br, marker); got == port {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bridge never learned the marker %s on %s", marker, port)
+		}
+	}
 }
 
 // fdbEntry is the port bridge br forwards mac to, and the entry's state.
