@@ -188,7 +188,7 @@ func (e *env) waitDeployment(ctx context.Context, t *testing.T, name string) {
 		return d.Status.AvailableReplicas == want && d.Status.ObservedGeneration == d.Generation, nil
 	})
 	if err != nil {
-		t.Fatalf("Deployment %s/%s not available (last: %s): %v\n%s", kubevirtNS, name, last, err, e.describeKubeVirt(ctx))
+		t.Fatalf("Deployment %s/%s not available (last: %s): %v\n%s", kubevirtNS, name, last, err, e.describeKubeVirt())
 	}
 }
 
@@ -216,13 +216,13 @@ func (e *env) waitAPIServiceAvailable(ctx context.Context, t *testing.T, dyn dyn
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("APIService %s not Available (last: %s): %v\n%s", name, last, err, e.describeKubeVirt(ctx))
+		t.Fatalf("APIService %s not Available (last: %s): %v\n%s", name, last, err, e.describeKubeVirt())
 	}
 }
 
 // describeKubeVirt summarises KubeVirt's pods and the CR, with the tail of
 // each pod's log, for a failure message.
-func (e *env) describeKubeVirt(context.Context) string {
+func (e *env) describeKubeVirt() string {
 	// Its own time: it is called when a wait ran out, often with its
 	// context, which would leave only that context's error to show.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -341,7 +341,7 @@ func (e *env) waitVMI(ctx context.Context, t *testing.T, dyn dynamic.Interface, 
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("virt-controller created no VMI %s/%s: %v\nVM events:\n%s\n%s", ns, name, err, e.Events(ctx, ns, name), e.describeKubeVirt(ctx))
+		t.Fatalf("virt-controller created no VMI %s/%s: %v\nVM events:\n%s\n%s", ns, name, err, e.Events(ctx, ns, name), e.describeKubeVirt())
 	}
 	return vmi
 }
@@ -361,7 +361,7 @@ func (e *env) waitVirtControllerPod(ctx context.Context, t *testing.T, vmi *unst
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("virt-controller created no launcher pod (%s): %v\nVMI events:\n%s\n%s", sel, err, e.Events(ctx, vmi.GetNamespace(), vmi.GetName()), e.describeKubeVirt(ctx))
+		t.Fatalf("virt-controller created no launcher pod (%s): %v\nVMI events:\n%s\n%s", sel, err, e.Events(ctx, vmi.GetNamespace(), vmi.GetName()), e.describeKubeVirt())
 	}
 	return pod
 }

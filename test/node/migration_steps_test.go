@@ -215,7 +215,7 @@ func (m *migration) run(ctx context.Context, t *testing.T, name string, src *cor
 	})
 	if err != nil {
 		t.Fatalf("virt-controller created no scheduled migration target pod (%s): %v\nVMIM events:\n%s\nVMI events:\n%s\n%s",
-			sel, err, e.Events(ctx, m.ns, name), e.Events(ctx, m.ns, m.vmi), e.describeKubeVirt(ctx))
+			sel, err, e.Events(ctx, m.ns, name), e.Events(ctx, m.ns, m.vmi), e.describeKubeVirt())
 	}
 	if pod.Spec.NodeName != target.Spec.Name {
 		t.Fatalf("migration target pod %s scheduled on %q, want %s", pod.Name, pod.Spec.NodeName, target.Spec.Name)
