@@ -18,10 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vfnet-io/vfnet/hack/shipbuild"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
-	"github.com/vfnet-io/vfnet/test/lib/gobuild"
 )
 
 // Gate and selection.
@@ -80,6 +78,9 @@ func TestRealKernel(t *testing.T) {
 			if !layout.Known(c) {
 				t.Fatalf("%s names %q; the cases are %v, and opt-in %v", envCases, c, layout.AllCases(), layout.OptInCases())
 			}
+			if layout.NeedsKubeVirt(c) {
+				t.Fatalf("%s names %q, which needs KubeVirt's control plane on a real node: run it with make test-kubevirt-guest", envCases, c)
+			}
 		}
 	}
 
@@ -118,9 +119,12 @@ func TestRealKernel(t *testing.T) {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	bins := buildGuestBinaries(t, repo, binDir, virt)
+	bins, err := BuildGuestBinaries(t.Context(), repo, binDir, virt)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("guest binaries built: %s", time.Since(step).Round(time.Millisecond))
-	img := Image{Init: bins.init, Driver: bins.driver, Layout: lay, Kubeconfig: kubeconfig, Wire: wire}
+	img := Image{Init: bins.Init, Driver: bins.Driver, Layout: lay, Kubeconfig: kubeconfig, Wire: wire}
 	if virt {
 		img.Virt = virtImage(t, repo, cache, env, work, bins)
 	}
@@ -235,62 +239,10 @@ func saveTrace(t *testing.T, console, path string) {
 	}
 }
 
-type guestBinaries struct{ init, driver, binding, launcher, vmirender string }
-
-// buildGuestBinaries builds the case binary (the guest's /init) and
-// vfnet-driver, static (CGO_ENABLED=0): the guest has no C library of its
-// own. With virt, also vfnet-binding and test/kubevirt's kernellauncher,
-// and test/kubevirt's vmirender, which runs here on the host.
-func buildGuestBinaries(t *testing.T, repo, dir string, virt bool) guestBinaries {
-	t.Helper()
-	b := guestBinaries{init: filepath.Join(dir, "init"), driver: filepath.Join(dir, "vfnet-driver"),
-		binding: filepath.Join(dir, "vfnet-binding")}
-	// go test puts its own Go first on PATH (runtime.GOROOT is empty
-	// under -trimpath).
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("find the go command: %v", err)
-	}
-	type goBuild struct {
-		dir  string
-		args []string
-	}
-	builds := []goBuild{
-		// As the images are built (-trimpath, grpcnotrace, no cgo): they
-		// share every compiled package, which on a cold Go cache is most of
-		// this tier's build.
-		{repo, []string{"test", "-c", "-trimpath", "-tags", "kernelguest,grpcnotrace", "-o", b.init, "./test/kernel/guest"}},
-		{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.driver, "./cmd/vfnet-driver")},
-	}
-	if virt {
-		builds = append(builds,
-			goBuild{repo, append(append([]string{"build"}, shipbuild.Args()...), "-o", b.binding, "./cmd/vfnet-binding")})
-	}
-	for _, bd := range builds {
-		cmd := exec.Command(goBin, bd.args...)
-		cmd.Dir = bd.dir
-		// GOFLAGS as inherited: make's (no DWARF) are part of the
-		// configuration the other tiers compiled.
-		cmd.Env = append(append(os.Environ(), shipbuild.Env()...), "GOOS=linux", "GOARCH=amd64", "GONOSUMDB=libvirt.org/go/libvirt")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s (in %s): %v\n%s", strings.Join(bd.args, " "), bd.dir, err, out)
-		}
-	}
-	if virt {
-		// test/kubevirt's, as every tier builds that module.
-		kv, err := gobuild.KubeVirt(t.Context(), repo, "./cmd/kernellauncher", "./cmd/vmirender")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.launcher, b.vmirender = filepath.Join(kv, "kernellauncher"), filepath.Join(kv, "vmirender")
-	}
-	return b
-}
-
 // virtImage prepares what the vm case adds to the guest: libvirt from
 // hack/virt-deps.sh, the binaries, the example VM's VMI and the VM's
 // initramfs.
-func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins guestBinaries) *VirtImage {
+func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins GuestBinaries) *VirtImage {
 	t.Helper()
 	start := time.Now()
 	deps := exec.Command(filepath.Join(repo, "hack", "virt-deps.sh"))
@@ -302,11 +254,11 @@ func virtImage(t *testing.T, repo, cache string, env *Env, work string, bins gue
 	if err != nil {
 		t.Fatal(err)
 	}
-	v.Binding, v.Launcher = bins.binding, bins.launcher
+	v.Binding, v.Launcher = bins.Binding, bins.Launcher
 	// The VMI is rendered here: virt-api's mutators, which render it, take
 	// 4 s to initialize natively and minutes under the guest's nested TCG.
 	v.VMI = filepath.Join(work, "vmi.json")
-	render := exec.Command(bins.vmirender,
+	render := exec.Command(bins.VMIRender,
 		"-vm", filepath.Join(repo, "manifests", "examples", "vm.yaml"),
 		"-kubevirt", filepath.Join(repo, "manifests", "kubevirt", "binding-patch.yaml"),
 		"-memory", layout.VMMemory, "-kernel-args", layout.VMKernelArgs,

@@ -33,10 +33,12 @@ type NodeImage struct {
 	Images map[string]string
 }
 
-// NodeModules are the modules the kubelet case loads itself (with what they
-// need): overlay for containerd's overlayfs snapshotter, bridge and veth
-// for the CNI bridge plugin. Only a machine with the node carries them.
-func NodeModules() []string { return []string{"overlay", "bridge", "veth"} }
+// NodeModules are the modules the node cases load themselves (with what
+// they need): overlay for containerd's overlayfs snapshotter, bridge and
+// veth for the CNI bridge plugin, and tun and vhost_net, whose devices
+// virt-handler's permanent device plugins serve (it reports the node
+// unschedulable without them). Only a machine with the node carries them.
+func NodeModules() []string { return []string{"overlay", "bridge", "veth", "tun", "vhost_net"} }
 
 // cniPlugins are the CNI plugins the node's network configuration uses.
 func cniPlugins() []string { return []string{"bridge", "host-local", "loopback"} }

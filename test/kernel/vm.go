@@ -518,6 +518,12 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) || slices.ContainsFunc(cases, layout.NeedsNode) {
 		node = 1024
 	}
+	if slices.ContainsFunc(cases, layout.NeedsKubeVirt) {
+		// Its node holds KubeVirt's images (about 500 MiB of archives),
+		// unpacked again by containerd, and virt-handler, vfnet's driver
+		// and the launcher pod with its VM.
+		node = 3072
+	}
 	args = append(args,
 		// One host thread runs both vCPUs in turn (thread=single): with a
 		// thread each, a vCPU whose peer has lost the host CPU can only

@@ -95,8 +95,8 @@ func (e *env) testKubeVirt(t *testing.T) {
 // renders it from KubeVirt's own generators), creates the KubeVirt CR,
 // registers the vfnet binding with manifests/kubevirt/binding-patch.yaml
 // (the tier's image) and waits for virt-api, virt-controller and the
-// subresources APIService.
-func (e *env) installKubeVirt(ctx context.Context, t *testing.T, dyn dynamic.Interface) {
+// subresources APIService. genoperator gets the extra flags too.
+func (e *env) installKubeVirt(ctx context.Context, t *testing.T, dyn dynamic.Interface, genoperator ...string) {
 	t.Helper()
 	dir := filepath.Join(e.Dir, "kubevirt-install")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -105,7 +105,7 @@ func (e *env) installKubeVirt(ctx context.Context, t *testing.T, dyn dynamic.Int
 	e.removeHandMadeCRDs(ctx, t)
 	operator, cr := filepath.Join(dir, "kubevirt-operator.yaml"), filepath.Join(dir, "kubevirt-cr.yaml")
 	// -liveness-delay: see genoperator; the tier runs beside the others.
-	cmd := exec.CommandContext(ctx, e.art.GenOperator, "-node", NodeName, "-liveness-delay", "120", "-o", operator, "-cr", cr)
+	cmd := exec.CommandContext(ctx, e.art.GenOperator, append([]string{"-node", NodeName, "-liveness-delay", "120", "-o", operator, "-cr", cr}, genoperator...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("genoperator (test/kubevirt/cmd/genoperator): %v\n%s", err, out)
 	}
@@ -280,7 +280,7 @@ func testSizedVM(vm map[string]any) error {
 // name, the VMI, the running pod and the binding sidecar's container.
 func (e *env) startExampleVM(ctx context.Context, t *testing.T, dyn dynamic.Interface) (string, string, *unstructured.Unstructured, *corev1.Pod, string) {
 	t.Helper()
-	ns, name := e.applyExampleVM(ctx, t)
+	ns, name := e.applyExampleVM(ctx, t, nil)
 	vmi := e.waitVMI(ctx, t, dyn, ns, name)
 	pod := e.waitVirtControllerPod(ctx, t, vmi)
 	sidecar := checkRenderedByVirtController(t, pod, vmi)
@@ -288,9 +288,9 @@ func (e *env) startExampleVM(ctx context.Context, t *testing.T, dyn dynamic.Inte
 }
 
 // applyExampleVM writes a test-sized copy of manifests/examples (the VM and
-// its ResourceClaimTemplate) and applies it with kubectl; it returns the
-// VM's namespace and name.
-func (e *env) applyExampleVM(ctx context.Context, t *testing.T) (string, string) {
+// its ResourceClaimTemplate), changed further by change when set, and
+// applies it with kubectl; it returns the VM's namespace and name.
+func (e *env) applyExampleVM(ctx context.Context, t *testing.T, change func(vm map[string]any) error) (string, string) {
 	t.Helper()
 	src := filepath.Join(e.repo, "manifests", "examples")
 	dir := filepath.Join(e.Dir, "kubevirt-example")
@@ -307,6 +307,11 @@ func (e *env) applyExampleVM(ctx context.Context, t *testing.T) (string, string)
 	}
 	if err := testSizedVM(vm); err != nil {
 		t.Fatalf("manifests/examples/vm.yaml: %v", err)
+	}
+	if change != nil {
+		if err := change(vm); err != nil {
+			t.Fatalf("manifests/examples/vm.yaml: %v", err)
+		}
 	}
 	if b, err = yaml.Marshal(vm); err != nil {
 		t.Fatal(err)

@@ -28,6 +28,9 @@ const envChild = "VFNET_REAL_NODE_CHILD"
 
 // steps are the subtests run inside, in order; each needs the ones before.
 func steps() []string {
+	if os.Getenv(EnvGuest) == "1" {
+		return guestSteps()
+	}
 	return []string{"Install", "VFPod", "LauncherPod", "RolloutRestart", "KillDuringPrepare", "HelmInstall", "HelmUpgrade", "Standby", "KubeVirt", "LiveMigration", "HelmUninstall"}
 }
 
@@ -67,6 +70,15 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("build images: %v", err)
 	}
 	t.Logf("images and generators built in %s", time.Since(start).Round(time.Second))
+	var guest *GuestArtifacts
+	if os.Getenv(EnvGuest) == "1" {
+		start := time.Now()
+		if guest, err = BuildGuest(ctx, repo, cacheDir(repo), dir, art.Images); err != nil {
+			os.RemoveAll(dir)
+			t.Fatalf("prepare the guest: %v", err)
+		}
+		t.Logf("the guest's kernel, binaries and images prepared in %s", time.Since(start).Round(time.Second))
+	}
 	// From the snapshot to CheckClean the host's node cgroups are this
 	// run's alone (HostLockFile).
 	lockCtx, cancelLock := context.WithTimeout(ctx, 20*time.Minute)
@@ -89,7 +101,7 @@ func TestRealNode(t *testing.T) {
 		os.RemoveAll(dir)
 		t.Fatal(err)
 	}
-	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo, Before: before}); err != nil {
+	if err := writeJSON(filepath.Join(dir, "handoff.json"), handoff{Parts: parts, Artifacts: *art, Repo: repo, Guest: guest, Before: before}); err != nil {
 		t.Fatal(err)
 	}
 	// Shims daemonize; as a subreaper this process inherits them (and so
@@ -99,7 +111,11 @@ func TestRealNode(t *testing.T) {
 	}
 
 	nodeStart := time.Now()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRealNode$", "-test.v", "-test.count=1", "-test.timeout=30m")
+	timeout := "-test.timeout=30m"
+	if guest != nil {
+		timeout = "-test.timeout=90m"
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRealNode$", "-test.v", "-test.count=1", timeout)
 	cmd.Env = append(os.Environ(), envChild+"="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -194,6 +210,8 @@ type handoff struct {
 	Parts     Parts
 	Artifacts Artifacts
 	Repo      string
+	// Guest is the guest steps' (EnvGuest).
+	Guest *GuestArtifacts
 	// Before is the host as the parent found it.
 	Before HostState
 }
@@ -250,7 +268,8 @@ func runInside(t *testing.T, dir string) {
 		}
 		t.Logf("teardown took %s", time.Since(down).Round(100*time.Millisecond))
 	}()
-	e := &env{Node: n, art: h.Artifacts, repo: h.Repo, ns: driverNS}
+	e := &env{Node: n, art: h.Artifacts, repo: h.Repo, ns: driverNS, guestArt: h.Guest}
+	defer e.stopGuest(t)
 	run := map[string]func(*testing.T){
 		"Install":           e.testInstall,
 		"VFPod":             e.testVFPod,
@@ -263,6 +282,9 @@ func runInside(t *testing.T, dir string) {
 		"KubeVirt":          e.testKubeVirt,
 		"LiveMigration":     e.testLiveMigration,
 		"HelmUninstall":     e.testHelmUninstall,
+		"GuestNode":         e.testGuestNode,
+		"GuestDriver":       e.testGuestDriver,
+		"GuestKubeVirt":     e.testGuestKubeVirt,
 	}
 	for _, s := range steps() {
 		begin, cpu := time.Now(), TreeCPU(os.Getpid())

@@ -57,6 +57,10 @@ type env struct {
 	// ns is where the driver runs: driverNS as manifests/ installs it, the
 	// Helm release's namespace from HelmInstall on.
 	ns string
+	// guestArt and guest are the guest steps' (EnvGuest): what the parent
+	// prepared, and the running guest.
+	guestArt *GuestArtifacts
+	guest    *guestVM
 }
 
 func (e *env) ctx(t *testing.T) context.Context { return e.ctxFor(t, 10*time.Minute) }

@@ -31,7 +31,7 @@ import (
 // The guest node (the kubelet case).
 const (
 	// guestNode is the Node the guest's kubelet registers.
-	guestNode = "vfnet-guest"
+	guestNode = layout.GuestNode
 	// guestPodSubnet is its CNI bridge's range; the bridge is the pods'
 	// gateway, nothing is masqueraded (the pod needs no traffic).
 	guestPodSubnet = "10.244.0.0/24"

@@ -182,7 +182,31 @@ func NeedsAPIServer(c string) bool {
 // NeedsNode reports whether a case runs a real node (containerd, runc and
 // the kubelet, joined to the harness's API server); its files make the
 // initramfs about 250 MiB larger.
-func NeedsNode(c string) bool { return c == "kubelet" }
+func NeedsNode(c string) bool { return c == "kubelet" || NeedsKubeVirt(c) }
+
+// NeedsKubeVirt reports whether a case is a node of a cluster that runs
+// KubeVirt v1.9.0's own components (issue 33 item 3): the real-node tier
+// boots the guest for it (make test-kubevirt-guest) with its control plane,
+// virt-operator, virt-api and virt-controller on the host; the guest runs
+// containerd and the kubelet, and the cluster runs virt-handler, vfnet's
+// driver and the VM's launcher pod on them. TestRealKernel cannot run it.
+func NeedsKubeVirt(c string) bool { return c == "kubevirt" }
+
+// The kubevirt case's node, as the host's test sees it.
+const (
+	// GuestNode is the Node the guest's kubelet registers.
+	GuestNode = "vfnet-guest"
+	// GuestStop is the ConfigMap (namespace default) whose creation
+	// ends the kubevirt case: the guest dumps its pods' logs to the
+	// console and powers off.
+	GuestStop = "vfnet-guest-stop"
+	// ServiceIP is the cluster's kubernetes Service address: the guest
+	// answers it on its loopback and forwards to the API server.
+	ServiceIP = "10.96.0.1"
+	// MarkKubeVirt starts the kubevirt case's lines for the host's test
+	// (the VM's console, the node's logs at the end).
+	MarkKubeVirt = "VFNET-KUBEVIRT"
+)
 
 // NeedsWire reports whether a case needs the wire: WirePF on a QEMU hub
 // with a second outer NIC (PeerNIC). Without it no PF has a network
@@ -232,7 +256,7 @@ func OptInCases() []string { return []string{"wire", "failover", "kubelet"} }
 
 // Known reports whether c is a case, in AllCases or OptInCases.
 func Known(c string) bool {
-	for _, k := range append(AllCases(), OptInCases()...) {
+	for _, k := range append(append(AllCases(), OptInCases()...), "kubevirt") {
 		if k == c {
 			return true
 		}
