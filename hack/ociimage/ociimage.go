@@ -11,6 +11,8 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -292,4 +294,46 @@ func WriteArchiveFile(file string, im Image) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), file)
+}
+
+// CachedArchive returns an OCI archive of im in dir, named by im's Ref and
+// a digest of its content (Key), written only when no archive of the same
+// content is there: KubeVirt's images hold hundreds of MB, which take a
+// minute of gzip on a loaded machine per run, and change only when their
+// files do. Older archives of the image are removed.
+func CachedArchive(dir string, im Image) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := strings.NewReplacer("/", "_", ":", "_").Replace(im.Ref)
+	file := filepath.Join(dir, base+"-"+Key(im)+".tar")
+	if _, err := os.Stat(file); err == nil {
+		return file, nil
+	}
+	// Written beside and renamed: a run that reads it at the same time
+	// sees the whole archive or none.
+	tmp := fmt.Sprintf("%s.%d.tmp", file, os.Getpid())
+	if err := WriteArchiveFile(tmp, im); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, base+"-*.tar"))
+	if err := os.Rename(tmp, file); err != nil {
+		return "", err
+	}
+	for _, f := range old {
+		os.Remove(f)
+	}
+	return file, nil
+}
+
+// Key is a digest of everything an archive of im is made from.
+func Key(im Image) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q %q %q %q\n", im.Ref, im.Arch, im.Entrypoint, im.Cmd, im.User, im.Env)
+	for _, f := range im.Files {
+		fmt.Fprintf(h, "%q %o %d %d %q %d\n", f.Path, uint32(f.Mode), f.UID, f.GID, f.Symlink, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
