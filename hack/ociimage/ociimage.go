@@ -20,6 +20,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -42,6 +43,9 @@ type File struct {
 	// Symlink makes the entry a symbolic link to this target (Mode and
 	// Data unused).
 	Symlink string
+	// Xattrs are extended attributes (e.g. "security.capability"), written
+	// as PAX SCHILY.xattr records, which containerd applies on unpacking.
+	Xattrs map[string]string
 }
 
 // Image describes an image to build.
@@ -133,6 +137,12 @@ func (im Image) layer() ([]byte, error) {
 		}
 		seen[f.Path] = true
 		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), Mode: int64(f.Mode.Perm()), Uid: f.UID, Gid: f.GID, ModTime: epoch(), Format: tar.FormatPAX}
+		for k, v := range f.Xattrs {
+			if h.PAXRecords == nil {
+				h.PAXRecords = map[string]string{}
+			}
+			h.PAXRecords["SCHILY.xattr."+k] = v
+		}
 		switch {
 		case f.Symlink != "":
 			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Symlink, 0o777
@@ -333,6 +343,18 @@ func Key(im Image) string {
 	fmt.Fprintf(h, "%q %q %q %q %q %q\n", im.Ref, im.Arch, im.Entrypoint, im.Cmd, im.User, im.Env)
 	for _, f := range im.Files {
 		fmt.Fprintf(h, "%q %o %d %d %q %d\n", f.Path, uint32(f.Mode), f.UID, f.GID, f.Symlink, len(f.Data))
+		if len(f.Xattrs) > 0 {
+			// Only files with attributes add to the key: the keys of
+			// existing archives stay the same.
+			keys := make([]string, 0, len(f.Xattrs))
+			for k := range f.Xattrs {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(h, "xattr %q %q\n", k, f.Xattrs[k])
+			}
+		}
 		h.Write(f.Data)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
