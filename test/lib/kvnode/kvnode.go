@@ -20,6 +20,7 @@ package kvnode
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"fmt"
 	"io/fs"
 	"os"
@@ -294,6 +295,15 @@ func launcherImage(env Env, b Binaries) (ociimage.Image, error) {
 			return ociimage.Image{}, err
 		}
 	}
+	// cmd/virt-launcher/BUILD.bazel gives virt-launcher-monitor the file
+	// capability cap_net_bind_service (setcaps): a non-root compute
+	// container has it in no set, and virt-launcher-monitor starts
+	// virt-launcher (and that virtqemud) with it as an ambient capability,
+	// which needs it permitted first; without the attribute that start
+	// fails with EPERM.
+	mon := t.files["/usr/bin/virt-launcher-monitor"]
+	mon.Xattrs = map[string]string{"security.capability": NetBindServiceCap()}
+	t.add(mon)
 	// KubeVirt's own files for the launcher image, from the module.
 	kv := filepath.Join(env.Module, "cmd", "virt-launcher")
 	for _, f := range []struct {
@@ -357,6 +367,17 @@ func launcherImage(env Env, b Binaries) (ociimage.Image, error) {
 	}
 	return ociimage.Image{Ref: LauncherRef, Arch: Arch(), Files: t.list(),
 		Entrypoint: []string{"/usr/bin/virt-launcher"}, Env: []string{"PATH=" + Path}, User: fmt.Sprint(QEMUUID)}, nil
+}
+
+// NetBindServiceCap is the security.capability attribute value of
+// cap_net_bind_service=ep (VFS_CAP_REVISION_2: magic with the effective
+// flag, then permitted and inheritable, low and high words, little endian).
+func NetBindServiceCap() string {
+	const capNetBindService = 10
+	var b [20]byte
+	binary.LittleEndian.PutUint32(b[0:], 0x02000000|0x1)
+	binary.LittleEndian.PutUint32(b[4:], 1<<capNetBindService)
+	return string(b[:])
 }
 
 func withOwner(f ociimage.File, id int) ociimage.File {

@@ -233,6 +233,11 @@ func TestKVNodeImagesCarryWhatPodsExec(t *testing.T) {
 		}
 	}
 
+	// KubeVirt's image sets this file capability (setcaps).
+	if f, ok := Has(b.launcher, "/usr/bin/virt-launcher-monitor"); !ok || f.Xattrs["security.capability"] != NetBindServiceCap() {
+		t.Errorf("%s: /usr/bin/virt-launcher-monitor lacks cap_net_bind_service=ep (%q)", b.launcher.Ref, f.Xattrs)
+	}
+
 	// virt-handler's pod: the handler container and the node-labeller
 	// init container (launcher image).
 	ds := handlerDaemonSet(t, b.repo)

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vfnet-io/vfnet/hack/ociimage"
 	"github.com/vfnet-io/vfnet/test/lib/sharedlibs"
 )
@@ -219,6 +221,11 @@ func Unpack(im ociimage.Image, root string) error {
 		}
 		if err == nil && f.Symlink == "" {
 			err = os.Lchown(p, f.UID, f.GID)
+		}
+		for k, v := range f.Xattrs {
+			if err == nil {
+				err = unix.Lsetxattr(p, k, []byte(v), 0)
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("kvnode: unpack %s: %s: %w", im.Ref, f.Path, err)
