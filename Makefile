@@ -70,7 +70,7 @@ testreport: ## build hack/testreport, which every tier reports through
 # its own with -want), the crash test (below) and the children that tests
 # re-execute (*ChildProcess). test/kernel/guest runs only inside the
 # real-kernel guest.
-UNIT_ELSEWHERE := ^(TestRealKernel|TestRealNode|TestIdleMemoryVsExampleDriver|TestCrashAtEveryStep)$$|ChildProcess$$
+UNIT_ELSEWHERE := ^(TestRealKernel|TestRealNode|TestIdleMemoryVsExampleDriver|TestCrashAtEveryStep)$$|ChildProcess$$|^TestKVNode
 # The crash test's children are other processes, where -race sees nothing
 # and costs ~20x: it runs here without -race.
 test-unit: vet-race build-shipped kernel-deps testreport ## go test -race of the module (e2e on a real control plane included)
@@ -134,10 +134,16 @@ test-node: deps k8s-bin vet-race build-shipped vet-kubevirt node-bin helm-bin te
 # Issue 33 item 3: the real-node tier's cluster with the real-kernel
 # tier's guest as a second node, where KubeVirt v1.9.0's own virt-handler
 # and virt-launcher run the example VM on a real VF (test/node guest steps,
-# test/kernel/guest's kubevirt case). Not part of make test: about 25
-# minutes on an idle machine (BENCHMARKS.md, kubevirt-guest).
+# test/kernel/guest's kubevirt case). First the node images alone
+# (test/lib/kvnode: virt-handler and virt-launcher built with cgo, ~200
+# CPU-s cold, with Debian's libvirt 11.3 and QEMU 10; the launcher image's
+# libvirt runs node-labeller.sh in a private mount namespace). Not part of
+# make test: about 25 minutes on an idle machine (BENCHMARKS.md,
+# kubevirt-guest).
 test-kubevirt-guest: deps kernel-deps virt-deps k8s-bin build-shipped vet-kubevirt node-bin helm-bin testreport ## KubeVirt's own virt-handler and virt-launcher run the example VM on a real VF in the real-kernel guest (root)
-	$(TIMED) ( set -o pipefail; VFNET_REAL_NODE=1 VFNET_NODE_GUEST=1 VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) VFNET_NODE_BIN=$$(test/builds/containerd/build.sh) \
+	$(TIMED) ( set -o pipefail; VFNET_KUBEVIRT_GUEST=1 $(SHIPPED_ENV) $(NICE_BUILD) $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 30m -run '^TestKVNode' ./test/lib/kvnode/ \
+	  | $(REPORT) -tier test-kubevirt-guest-images -v -want TestKVNodeBuildWritesArchives,TestKVNodeImagesCarryWhatPodsExec,TestKVNodeLauncherLibvirtRuns \
+	  && VFNET_REAL_NODE=1 VFNET_NODE_GUEST=1 VFNET_K8S_BIN=$$(test/builds/kubernetes/build.sh) VFNET_NODE_BIN=$$(test/builds/containerd/build.sh) \
 	  VFNET_HELM_BIN=$$(test/helm/build.sh) $(SHIPPED_ENV) \
 	  $(GO) test -json $(SHIPPED_GOFLAGS) -vet=off -count=1 -timeout 100m -run '^TestRealNode$$' ./test/node/ | $(REPORT) -tier test-kubevirt-guest -v -want TestRealNode )
 

@@ -11,6 +11,8 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -40,6 +43,9 @@ type File struct {
 	// Symlink makes the entry a symbolic link to this target (Mode and
 	// Data unused).
 	Symlink string
+	// Xattrs are extended attributes (e.g. "security.capability"), written
+	// as PAX SCHILY.xattr records, which containerd applies on unpacking.
+	Xattrs map[string]string
 }
 
 // Image describes an image to build.
@@ -131,6 +137,12 @@ func (im Image) layer() ([]byte, error) {
 		}
 		seen[f.Path] = true
 		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), Mode: int64(f.Mode.Perm()), Uid: f.UID, Gid: f.GID, ModTime: epoch(), Format: tar.FormatPAX}
+		for k, v := range f.Xattrs {
+			if h.PAXRecords == nil {
+				h.PAXRecords = map[string]string{}
+			}
+			h.PAXRecords["SCHILY.xattr."+k] = v
+		}
 		switch {
 		case f.Symlink != "":
 			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Symlink, 0o777
@@ -292,4 +304,58 @@ func WriteArchiveFile(file string, im Image) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), file)
+}
+
+// CachedArchive returns an OCI archive of im in dir, named by im's Ref and
+// a digest of its content (Key), written only when no archive of the same
+// content is there: KubeVirt's images hold hundreds of MB, which take a
+// minute of gzip on a loaded machine per run, and change only when their
+// files do. Older archives of the image are removed.
+func CachedArchive(dir string, im Image) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := strings.NewReplacer("/", "_", ":", "_").Replace(im.Ref)
+	file := filepath.Join(dir, base+"-"+Key(im)+".tar")
+	if _, err := os.Stat(file); err == nil {
+		return file, nil
+	}
+	// Written beside and renamed: a run that reads it at the same time
+	// sees the whole archive or none.
+	tmp := fmt.Sprintf("%s.%d.tmp", file, os.Getpid())
+	if err := WriteArchiveFile(tmp, im); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, base+"-*.tar"))
+	if err := os.Rename(tmp, file); err != nil {
+		return "", err
+	}
+	for _, f := range old {
+		os.Remove(f)
+	}
+	return file, nil
+}
+
+// Key is a digest of everything an archive of im is made from.
+func Key(im Image) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q %q %q %q\n", im.Ref, im.Arch, im.Entrypoint, im.Cmd, im.User, im.Env)
+	for _, f := range im.Files {
+		fmt.Fprintf(h, "%q %o %d %d %q %d\n", f.Path, uint32(f.Mode), f.UID, f.GID, f.Symlink, len(f.Data))
+		if len(f.Xattrs) > 0 {
+			// Only files with attributes add to the key: the keys of
+			// existing archives stay the same.
+			keys := make([]string, 0, len(f.Xattrs))
+			for k := range f.Xattrs {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(h, "xattr %q %q\n", k, f.Xattrs[k])
+			}
+		}
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }

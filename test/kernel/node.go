@@ -16,6 +16,7 @@ import (
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
 	"github.com/vfnet-io/vfnet/test/lib/gobuild"
+	"github.com/vfnet-io/vfnet/test/lib/sharedlibs"
 )
 
 // NodeImage is what the kubelet case runs inside the guest: the real-node
@@ -108,7 +109,7 @@ func (e *Env) addNode(c *CPIO, n *NodeImage) error {
 		dyn[path.Join(layout.CNIBinDir, p)] = filepath.Join(n.CNIDir, p)
 	}
 	for g, h := range dyn {
-		l, err := SharedLibs(h, e.GuestLibs)
+		l, err := sharedlibs.Resolve(h, e.GuestLibs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", h, err)
 		}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/sharedlibs"
 )
 
 // Env is what hack/kernel-deps.sh prepared ($VFNET_CACHE/kernel/env).
@@ -158,7 +159,7 @@ func (e *Env) addVirt(c *CPIO, v *VirtImage) error {
 	dirs := append(append(filepath.SplitList(e.QEMULibPath), v.Libs...), e.GuestLibs...)
 	libs := map[string]string{}
 	add := func(bin string) error {
-		l, err := SharedLibs(bin, dirs)
+		l, err := sharedlibs.Resolve(bin, dirs)
 		if err != nil {
 			return err
 		}
@@ -366,7 +367,7 @@ func (e *Env) BuildInitramfs(out string, img Image) error {
 			return err
 		}
 	}
-	libs, err := SharedLibs(e.IP, e.GuestLibs)
+	libs, err := sharedlibs.Resolve(e.IP, e.GuestLibs)
 	if err != nil {
 		return fmt.Errorf("iproute2's ip: %w", err)
 	}

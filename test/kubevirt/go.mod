@@ -13,6 +13,7 @@ require (
 	kubevirt.io/api v1.9.0
 	kubevirt.io/client-go v0.0.0-00010101000000-000000000000
 	kubevirt.io/kubevirt v1.9.0
+	libvirt.org/go/libvirtxml v1.12002.0
 	sigs.k8s.io/yaml v1.6.0
 )
 
@@ -24,6 +25,9 @@ require (
 	github.com/asaskevich/govalidator v0.0.0-20230301143203-a9d515a09cc2 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cilium/ebpf v0.17.3 // indirect
+	github.com/containernetworking/plugins v1.7.1 // indirect
+	github.com/containers/common v0.64.2 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.6.0 // indirect
 	github.com/cyphar/filepath-securejoin v0.6.0 // indirect
@@ -63,11 +67,14 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/insomniacslk/dhcp v0.0.0-20240829085014-a3a4c1f04475 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/k8snetworkplumbingwg/network-attachment-definition-client v1.7.7 // indirect
 	github.com/krolaw/dhcp4 v0.0.0-20180925202202-7cead472c414 // indirect
 	github.com/kubernetes-csi/external-snapshotter/client/v4 v4.2.0 // indirect
+	github.com/mdlayher/socket v0.5.1 // indirect
+	github.com/mdlayher/vsock v1.2.1 // indirect
 	github.com/mitchellh/go-ps v0.0.0-20190716172923-621e5597135b // indirect
 	github.com/mitchellh/mapstructure v1.5.0 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
@@ -75,9 +82,11 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nxadm/tail v1.4.8 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/onsi/gomega v1.39.1 // indirect
 	github.com/opencontainers/cgroups v0.0.6 // indirect
+	github.com/opencontainers/runtime-spec v1.2.1 // indirect
 	github.com/opencontainers/selinux v1.13.0 // indirect
 	github.com/openshift/api v0.0.0 // indirect
 	github.com/openshift/client-go v0.0.0 // indirect
@@ -91,7 +100,9 @@ require (
 	github.com/prometheus/common v0.62.0 // indirect
 	github.com/prometheus/procfs v0.15.1 // indirect
 	github.com/rhobs/operator-observability-toolkit v0.0.30 // indirect
+	github.com/seccomp/libseccomp-golang v0.11.0 // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
+	github.com/spf13/cobra v1.9.1 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/stoewer/go-strcase v1.3.0 // indirect
 	github.com/u-root/uio v0.0.0-20240224005618-d2acac8f3701 // indirect
@@ -105,6 +116,7 @@ require (
 	golang.org/x/exp v0.0.0-20240719175910-8a7402abbf56 // indirect
 	golang.org/x/net v0.49.0 // indirect
 	golang.org/x/oauth2 v0.34.0 // indirect
+	golang.org/x/sync v0.19.0 // indirect
 	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/term v0.40.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
@@ -114,6 +126,7 @@ require (
 	google.golang.org/protobuf v1.36.11 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
+	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-aggregator v0.28.2 // indirect
 	k8s.io/kube-openapi v0.31.0 // indirect
@@ -123,7 +136,8 @@ require (
 	kubevirt.io/controller-lifecycle-operator-sdk/api v0.2.4 // indirect
 	kubevirt.io/virt-template-api v0.2.0 // indirect
 	kubevirt.io/virt-template-client-go v0.2.0 // indirect
-	libvirt.org/go/libvirtxml v1.12002.0 // indirect
+	libguestfs.org/libnbd v1.25.2-5-g48df7c4d2b // indirect
+	libvirt.org/go/libvirt v1.12003.0 // indirect
 	sigs.k8s.io/controller-runtime v0.22.5 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
@@ -136,6 +150,10 @@ require (
 // replace directives of a dependency are ignored, so they are repeated here
 // with the targets KubeVirt v1.9.0 pins (see shared contract §3).
 replace (
+
+	// From KubeVirt v1.9.0's own replace block: virt-tail's tail package at
+	// the commit KubeVirt pins (the tagged v1.4.8 lacks what it calls).
+	github.com/nxadm/tail => github.com/nxadm/tail v0.0.0-20211216163028-4472660a31a6
 	github.com/openshift/api => github.com/openshift/api v0.0.0-20210105115604-44119421ec6b
 	github.com/openshift/client-go => github.com/openshift/client-go v0.0.0-20210112165513-ebc401615f47
 
@@ -154,6 +172,11 @@ replace (
 	// calls them. Minimal local stand-ins live in third_party/.
 	kubevirt.io/virt-template-api => ./third_party/virt-template-api
 	kubevirt.io/virt-template-client-go => ./third_party/virt-template-client-go
+
+	// Not served either; virt-launcher imports it for changed-block-tracking
+	// backups over NBD (pkg/storage/nbdclient), which vfnet's VM never uses:
+	// a stand-in whose calls all fail (third_party/libnbd).
+	libguestfs.org/libnbd => ./third_party/libnbd
 )
 
 // KubeVirt's own commands the real-node tier builds and runs
@@ -161,7 +184,16 @@ replace (
 // they need.
 tool (
 	kubevirt.io/kubevirt/cmd/virt-api
+
+	// The node images (test/lib/kvnode): virt-handler and virt-launcher
+	// build with cgo (gobuild.KubeVirtReleaseCgo), the rest static.
+	kubevirt.io/kubevirt/cmd/virt-chroot
 	kubevirt.io/kubevirt/cmd/virt-controller
 	kubevirt.io/kubevirt/cmd/virt-exportproxy
+	kubevirt.io/kubevirt/cmd/virt-handler
+	kubevirt.io/kubevirt/cmd/virt-launcher
+	kubevirt.io/kubevirt/cmd/virt-launcher-monitor
 	kubevirt.io/kubevirt/cmd/virt-operator
+	kubevirt.io/kubevirt/cmd/virt-probe
+	kubevirt.io/kubevirt/cmd/virt-tail
 )

@@ -12,6 +12,7 @@ import (
 	"github.com/vfnet-io/vfnet/hack/ociimage"
 	"github.com/vfnet-io/vfnet/test/kernel"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/kvnode"
 )
 
 // EnvGuest, with EnvGate, runs the guest steps (guestSteps) instead of the
@@ -87,11 +88,19 @@ func BuildGuest(ctx context.Context, repo, cache, dir string, images map[string]
 	for _, ref := range []string{BindingImage} {
 		g.Node.Images[filepath.Base(images[ref])] = images[ref]
 	}
+	// KubeVirt's own virt-handler and virt-launcher.
+	kv, err := kvnode.Build(ctx, repo, cache)
+	if err != nil {
+		return nil, err
+	}
+	for _, archive := range kv {
+		g.Node.Images[filepath.Base(archive)] = archive
+	}
 	bin, err := os.ReadFile(bins.Driver)
 	if err != nil {
 		return nil, err
 	}
-	driver, err := cachedArchive(imgDir, ociimage.Driver(GuestDriverImage, runtime.GOARCH, bin))
+	driver, err := ociimage.CachedArchive(imgDir, ociimage.Driver(GuestDriverImage, runtime.GOARCH, bin))
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", GuestDriverImage, err)
 	}
@@ -100,7 +109,7 @@ func BuildGuest(ctx context.Context, repo, cache, dir string, images map[string]
 	if err != nil {
 		return nil, err
 	}
-	kernelArchive, err := cachedArchive(imgDir, vmKernel)
+	kernelArchive, err := ociimage.CachedArchive(imgDir, vmKernel)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", VMKernelImage, err)
 	}

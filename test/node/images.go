@@ -3,8 +3,6 @@ package node
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -243,55 +241,13 @@ func (a *Artifacts) writeKubeVirtControlPlane(ctx context.Context, repo, dir str
 			return err
 		}
 		im := kubeVirtComponentImage(name, data)
-		file, err := cachedArchive(filepath.Join(bin, "images"), im)
+		file, err := ociimage.CachedArchive(filepath.Join(bin, "images"), im)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", im.Ref, err)
 		}
 		a.Images[im.Ref] = file
 	}
 	return nil
-}
-
-// cachedArchive returns an OCI archive of im in dir, written only when no
-// archive of the same content is there: the three KubeVirt images hold
-// 220 MB of binaries, which take a minute of gzip on a loaded machine per
-// run, and change only when their binaries do. Older archives of the image
-// are removed.
-func cachedArchive(dir string, im ociimage.Image) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	base := strings.NewReplacer("/", "_", ":", "_").Replace(im.Ref)
-	file := filepath.Join(dir, base+"-"+imageKey(im)+".tar")
-	if _, err := os.Stat(file); err == nil {
-		return file, nil
-	}
-	// Written beside and renamed: a run that reads it at the same time
-	// sees the whole archive or none.
-	tmp := fmt.Sprintf("%s.%d.tmp", file, os.Getpid())
-	if err := ociimage.WriteArchiveFile(tmp, im); err != nil {
-		os.Remove(tmp)
-		return "", err
-	}
-	old, _ := filepath.Glob(filepath.Join(dir, base+"-*.tar"))
-	if err := os.Rename(tmp, file); err != nil {
-		return "", err
-	}
-	for _, f := range old {
-		os.Remove(f)
-	}
-	return file, nil
-}
-
-// imageKey is a digest of everything an archive of im is made from.
-func imageKey(im ociimage.Image) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%q %q %q %q %q %q\n", im.Ref, im.Arch, im.Entrypoint, im.Cmd, im.User, im.Env)
-	for _, f := range im.Files {
-		fmt.Fprintf(h, "%q %o %d %d %q %d\n", f.Path, uint32(f.Mode), f.UID, f.GID, f.Symlink, len(f.Data))
-		h.Write(f.Data)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // kubeVirtComponentImage has what KubeVirt's own images of its static

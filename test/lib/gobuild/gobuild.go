@@ -53,12 +53,33 @@ func KubeVirt(ctx context.Context, repo string, pkgs ...string) (string, error) 
 // compares and reports), so the packages compile once for both.
 func KubeVirtRelease(ctx context.Context, repo string, version KubeVirtVersion, pkgs ...string) (string, error) {
 	dir := Dir(repo, "kubevirt-release")
+	return dir, kubeVirtRelease(ctx, repo, dir, version, kubeVirtEnv(), nil, pkgs)
+}
+
+// KubeVirtReleaseCgo builds KubeVirt's node commands that need cgo
+// (virt-handler: <linux/kvm.h>; virt-launcher: libvirt.org/go/libvirt) as
+// KubeVirtRelease stamps them, into Dir(repo, "kubevirt-release-cgo"),
+// and returns that directory. The libvirt binding is built with the tag
+// libvirt_dlopen: it needs no libvirt headers and dlopens libvirt.so.0
+// when the program starts, so the binaries run against the libvirt the
+// launcher image carries. A second build configuration of most of
+// KubeVirt's tree (cgo changes the packages' build IDs): ~200 CPU-s cold.
+func KubeVirtReleaseCgo(ctx context.Context, repo string, version KubeVirtVersion, pkgs ...string) (string, error) {
+	dir := Dir(repo, "kubevirt-release-cgo")
+	env := []string{"CGO_ENABLED=1", "GONOSUMDB=libvirt.org/go/libvirt"}
+	return dir, kubeVirtRelease(ctx, repo, dir, version, env, []string{"-tags=libvirt_dlopen"}, pkgs)
+}
+
+// kubeVirtRelease builds pkgs of test/kubevirt into dir with KubeVirt's
+// release stamps, env and the extra build flags.
+func kubeVirtRelease(ctx context.Context, repo, dir string, version KubeVirtVersion, env, flags, pkgs []string) error {
 	const v = "kubevirt.io/client-go/version"
 	// -s -w: KubeVirt's images carry stripped binaries; -w is also what
 	// the Makefile's GOFLAGS gives every other link, which this replaces.
 	ldflags := fmt.Sprintf("-s -w -X %s.gitVersion=%s -X %s.gitCommit=%s -X %s.gitTreeState=clean -X %s.buildDate=%s",
 		v, version.Tag, v, version.Commit, v, v, version.BuildDate)
-	return dir, Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, kubeVirtEnv(), []string{"-trimpath", "-ldflags=" + ldflags}, pkgs...)
+	args := append([]string{"-trimpath", "-ldflags=" + ldflags}, flags...)
+	return Into(ctx, filepath.Join(repo, "test", "kubevirt"), dir, env, args, pkgs...)
 }
 
 // KubeVirtVersion is what a KubeVirt release build stamps into its

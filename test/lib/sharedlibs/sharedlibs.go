@@ -1,4 +1,7 @@
-package kernel
+// Package sharedlibs finds the shared libraries a dynamically linked
+// program needs, to copy them into a root it runs in (the real-kernel
+// tier's guest, KubeVirt's node images).
+package sharedlibs
 
 import (
 	"debug/elf"
@@ -7,15 +10,15 @@ import (
 	"path/filepath"
 )
 
-// GuestLibDir is where the guest finds shared libraries (a default path of
-// the dynamic loader).
+// GuestLibDir is where the root's loader finds shared libraries (a default
+// path of the dynamic loader).
 const GuestLibDir = "/lib/x86_64-linux-gnu"
 
-// SharedLibs lists what the dynamically linked program bin needs in the
-// guest: its loader (at the path the program names) and every library it
+// Resolve lists what the dynamically linked program bin needs in the
+// root: its loader (at the path the program names) and every library it
 // needs, directly or not, found in dirs (first match wins). The result maps
-// guest paths to host files.
-func SharedLibs(bin string, dirs []string) (map[string]string, error) {
+// paths in the root to host files.
+func Resolve(bin string, dirs []string) (map[string]string, error) {
 	out := map[string]string{}
 	f, err := elf.Open(bin)
 	if err != nil {
