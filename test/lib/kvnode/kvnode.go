@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -57,6 +58,10 @@ const Path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // QEMUUID is the qemu user's and group's id in KubeVirt's images: non-root
 // launcher pods run as 107.
 const QEMUUID = 107
+
+// DaemonLink is the link named virtqemud to libvirtd that the shim runs
+// libvirtd through (virtqemud.sh says why).
+const DaemonLink = "/usr/libexec/vfnet-virtqemud/virtqemud"
 
 // virtqemudShim is /usr/sbin/virtqemud in the launcher image.
 //
@@ -154,12 +159,14 @@ func Prepare(ctx context.Context, repo, cache string) (Env, error) {
 type Binaries map[string]string
 
 // Commands with cgo (virt-handler: <linux/kvm.h>; virt-launcher: libvirt)
-// and without. virt-freezer (guest filesystem freeze for snapshots) and
-// libvirt-hook-client (the LibvirtHooksServerAndClient gate) are left out:
-// vfnet's VM uses neither.
+// and without, by their package under kubevirt.io/kubevirt/cmd/.
+// virt-freezer (guest filesystem freeze for snapshots) is left out:
+// vfnet's VM does not use it. libvirt-hook-client is not optional:
+// virt-launcher links /etc/libvirt/hooks/qemu to it at start and exits
+// without it.
 func cgoCommands() []string { return []string{"virt-handler", "virt-launcher"} }
 func staticCommands() []string {
-	return []string{"virt-chroot", "virt-launcher-monitor", "virt-probe", "virt-tail"}
+	return []string{"virt-chroot", "virt-launcher-monitor", "virt-probe", "virt-tail", "virt-launcher/libvirt-hook-client"}
 }
 
 // BuildCommands builds KubeVirt's node commands from test/kubevirt with
@@ -180,7 +187,7 @@ func BuildCommands(ctx context.Context, repo string, env Env) (Binaries, error) 
 			return nil, fmt.Errorf("kvnode: build KubeVirt's node commands from test/kubevirt (go.mod replaces, third_party/ stand-ins; cgo needs gcc and linux-libc-dev): %w", err)
 		}
 		for _, n := range set.names {
-			b[n] = filepath.Join(dir, n)
+			b[path.Base(n)] = filepath.Join(dir, path.Base(n))
 		}
 	}
 	cd, err := containerDisk(ctx, repo, env)
@@ -290,7 +297,7 @@ func launcherImage(env Env, b Binaries) (ociimage.Image, error) {
 	if err := base(t, env, "/home/qemu"); err != nil {
 		return ociimage.Image{}, err
 	}
-	for _, n := range []string{"virt-launcher", "virt-launcher-monitor", "virt-probe", "virt-tail", "container-disk"} {
+	for _, n := range []string{"virt-launcher", "virt-launcher-monitor", "virt-probe", "virt-tail", "libvirt-hook-client", "container-disk"} {
 		if err := t.addHost("/usr/bin/"+n, b[n], 0o755); err != nil {
 			return ociimage.Image{}, err
 		}
@@ -304,7 +311,12 @@ func launcherImage(env Env, b Binaries) (ociimage.Image, error) {
 	mon := t.files["/usr/bin/virt-launcher-monitor"]
 	mon.Xattrs = map[string]string{"security.capability": NetBindServiceCap()}
 	t.add(mon)
-	// KubeVirt's own files for the launcher image, from the module.
+	// KubeVirt's own files for the launcher image, from the module. The
+	// hooks directory is the non-root launcher's, as KubeVirt's image has
+	// it (cmd/virt-launcher/BUILD.bazel's qemu-hook-tar, owner 107):
+	// virt-launcher replaces the hook with a link to libvirt-hook-client
+	// at start and exits when it cannot.
+	t.add(withOwner(ociimage.File{Path: "/etc/libvirt/hooks", Mode: fs.ModeDir | 0o755}, QEMUUID))
 	kv := filepath.Join(env.Module, "cmd", "virt-launcher")
 	for _, f := range []struct {
 		path, src string
@@ -347,8 +359,13 @@ func launcherImage(env Env, b Binaries) (ociimage.Image, error) {
 		return ociimage.Image{}, err
 	}
 	t.add(ociimage.File{Path: "/usr/sbin/virtqemud", Mode: 0o755, Data: virtqemudShim})
+	t.add(ociimage.File{Path: DaemonLink, Symlink: "/usr/sbin/libvirtd"})
 	// virt-launcher's libvirt binding dlopens these (-tags libvirt_dlopen).
-	for _, lib := range []string{"libvirt.so.0", "libvirt-qemu.so.0"} {
+	// libvirt-admin too: EventRegisterDefaultImpl, which virt-launcher's
+	// init calls and ignores the error of, opens it before it registers
+	// the event loop; without it every connection later fails with "could
+	// not initialize domain event timer".
+	for _, lib := range []string{"libvirt.so.0", "libvirt-qemu.so.0", "libvirt-admin.so.0", "libvirt-lxc.so.0"} {
 		t.dlopened = append(t.dlopened, lib)
 	}
 	// QEMU 10 and the firmware it loads from its built-in paths

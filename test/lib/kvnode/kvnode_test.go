@@ -222,6 +222,7 @@ func TestKVNodeImagesCarryWhatPodsExec(t *testing.T) {
 	}{
 		{b.handler, "cmd/virt-handler/BUILD.bazel", "virt-handler-tar"},
 		{b.launcher, "cmd/virt-launcher/BUILD.bazel", "virt-launcher-tar"},
+		{b.launcher, "cmd/virt-launcher/BUILD.bazel", "libvirt-hook-client-tar"},
 	} {
 		for _, name := range bazelTar(t, filepath.Join(b.env.Module, c.build), c.tar) {
 			if slices.Contains(notCarried(), name) {
@@ -230,6 +231,14 @@ func TestKVNodeImagesCarryWhatPodsExec(t *testing.T) {
 			if _, ok := Has(c.im, "/usr/bin/"+name); !ok {
 				t.Errorf("%s: no /usr/bin/%s (KubeVirt's %s %s)", c.im.Ref, name, c.build, c.tar)
 			}
+		}
+	}
+
+	// virt-launcher's libvirt binding (-tags libvirt_dlopen) opens these
+	// by name at run time: every dlopen in the module's sources.
+	for _, lib := range bindingDlopens(t, b.repo) {
+		if _, ok := Has(b.launcher, "/usr/lib/x86_64-linux-gnu/"+lib); !ok {
+			t.Errorf("%s: no /usr/lib/x86_64-linux-gnu/%s, which libvirt.org/go/libvirt dlopens", b.launcher.Ref, lib)
 		}
 	}
 
@@ -374,12 +383,25 @@ echo "virtqemud (shim -> libvirtd): pid $daemon"
 sock=$root/var/run/libvirt/libvirt-sock
 for i in $(seq 1 300); do [ -S "$sock" ] && break; sleep 0.1; done
 ls -l "$root/var/run/libvirt" | grep sock || true
+# libvirtd answers on its socket: virt-handler finds it by the process
+# name virtqemud to raise its memlock limit.
+exe=$(readlink /proc/$daemon/exe); comm=$(cat /proc/$daemon/comm)
+echo "daemon: $exe, process name $comm"
+case "$exe" in */usr/sbin/libvirtd) ;; *) echo "the daemon runs $exe, not libvirtd"; exit 1;; esac
+[ "$comm" = virtqemud ] || { echo "the daemon's process name is $comm, not virtqemud"; exit 1; }
 rc=0
 env -i PATH=` + Path + ` $xdg chroot --userspec=107:107 "$root" virsh -c 'qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock' capabilities >"$root/tmp/session-caps.xml" 2>"$root/tmp/virsh.err" || rc=$?
 kill "$daemon" 2>/dev/null || true
 wait "$daemon" 2>/dev/null || true
 [ $rc -eq 0 ] || { echo "virsh exited $rc"; cat "$root/tmp/virsh.err" "$root/tmp/virtqemud.log"; exit 1; }
 echo "session capabilities: $(wc -c <"$root/tmp/session-caps.xml") bytes"
+
+echo "== virt-launcher's hook link"
+# What virt-launcher does at start, as the non-root launcher (107): the
+# qemu hook becomes a link to libvirt-hook-client.
+env -i PATH=` + Path + ` chroot --userspec=107:107 "$root" /bin/sh -c \
+  'rm /etc/libvirt/hooks/qemu && ln -s /usr/bin/libvirt-hook-client /etc/libvirt/hooks/qemu && test -x /etc/libvirt/hooks/qemu'
+echo "hook: $(readlink "$root/etc/libvirt/hooks/qemu")"
 `
 
 // The launcher image's libvirt runs: node-labeller.sh (with the virtqemud
@@ -466,4 +488,36 @@ func processesIn(root string) []int {
 		}
 	}
 	return out
+}
+
+// bindingDlopens are the libraries libvirt.org/go/libvirt, as test/kubevirt
+// requires it, opens with dlopen under -tags libvirt_dlopen.
+func bindingDlopens(t *testing.T, repo string) []string {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "go", "list", "-m", "-f", "{{.Dir}}", "libvirt.org/go/libvirt")
+	cmd.Dir = filepath.Join(repo, "test", "kubevirt")
+	cmd.Env = append(os.Environ(), "GONOSUMDB=libvirt.org/go/libvirt")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("locate libvirt.org/go/libvirt: %v", err)
+	}
+	files, _ := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "*_dlopen.go"))
+	seen := map[string]bool{}
+	var libs []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`dlopen\("([^"]+)"`).FindAllSubmatch(data, -1) {
+			if l := string(m[1]); !seen[l] {
+				seen[l] = true
+				libs = append(libs, l)
+			}
+		}
+	}
+	if len(libs) == 0 {
+		t.Fatalf("no dlopen in %v", files)
+	}
+	return libs
 }

@@ -21,6 +21,11 @@
 # $XDG_RUNTIME_DIR/libvirt). The link virtqemud-sock -> libvirt-sock makes
 # the name KubeVirt dials reach it. exec keeps the process id, so
 # virt-launcher's supervision (Kill, restart on exit) acts on libvirtd.
+# It runs libvirtd through the link DaemonLink, named virtqemud: the kernel
+# names a process after the file it executed, and virt-handler finds the
+# daemon by that name (pkg/hypervisor/common FindVirtqemudProcess) to raise
+# its memlock limit before it starts QEMU for a VFIO device; under another
+# name non-root libvirt fails "cannot limit locked memory".
 set -e
 if [ "$EUID" -eq 0 ]; then
 	dir=/run/libvirt
@@ -39,4 +44,4 @@ if [ ! -L "$dir/virtqemud-sock" ]; then
 	rm -f "$dir/virtqemud-sock"
 	ln -s libvirt-sock "$dir/virtqemud-sock"
 fi
-exec /usr/sbin/libvirtd "${config[@]}" "$@"
+exec /usr/libexec/vfnet-virtqemud/virtqemud "${config[@]}" "$@"
