@@ -138,12 +138,15 @@ func vmKernelImage(env *kernel.Env, dir string) (ociimage.Image, error) {
 }
 
 // GuestLayout is the guest machine for the kubevirt case: the real-kernel
-// tier's PFs, the case, and the API server at its port on the host's
-// loopback as the guest reaches it.
+// tier's PFs with the wire (layout.WirePF, whose VFs the VM gets), the
+// case, and the API server at its port on the host's loopback as the
+// guest reaches it.
 func GuestLayout(apiPort string) layout.Layout {
 	lay := layout.Default()
 	lay.Cases = []string{"kubevirt"}
 	lay.APIServer = layout.GuestGateway + ":" + apiPort
+	lay.Peer = layout.PeerNIC
+	lay.PFs = append(lay.PFs, layout.WirePF)
 	return lay
 }
 

@@ -135,7 +135,7 @@ func (e *env) testGuestNode(t *testing.T) {
 	}
 	begin := time.Now()
 	initrd := filepath.Join(e.Dir, "guest-initramfs.cpio")
-	img := kernel.Image{Init: g.Init, Driver: g.Driver, Layout: GuestLayout(u.Port()), Kubeconfig: e.Plane.AdminKubeconfig, Node: g.Node}
+	img := kernel.Image{Init: g.Init, Driver: g.Driver, Layout: GuestLayout(u.Port()), Kubeconfig: e.Plane.AdminKubeconfig, Node: g.Node, Wire: true}
 	if err := env.BuildInitramfs(initrd, img); err != nil {
 		t.Fatalf("build the guest's initramfs: %v", err)
 	}
@@ -183,7 +183,7 @@ func (e *env) testGuestNode(t *testing.T) {
 
 // testGuestDriver installs the chart with the shipped driver on the guest's
 // node only (testdata/guest-values.yaml): the driver pod becomes Ready
-// there and publishes the main PF's 4 real VFs.
+// there and publishes the wire PF's 4 real VFs.
 func (e *env) testGuestDriver(t *testing.T) {
 	ctx := e.ctxFor(t, 15*time.Minute)
 	begin := time.Now()
@@ -214,7 +214,7 @@ func (e *env) testGuestDriver(t *testing.T) {
 		return len(devices) == 4, nil
 	})
 	if err != nil {
-		t.Fatalf("slices of node %s list %v, want the main PF's 4 VFs: %v\nthe guest's console:\n%s", layout.GuestNode, devices, err, e.guest.tail(40))
+		t.Fatalf("slices of node %s list %v, want the wire PF's 4 VFs: %v\nthe guest's console:\n%s", layout.GuestNode, devices, err, e.guest.tail(40))
 	}
 	t.Logf("the guest's slices list %v", devices)
 }

@@ -211,7 +211,7 @@ const (
 // NeedsWire reports whether a case needs the wire: WirePF on a QEMU hub
 // with a second outer NIC (PeerNIC). Without it no PF has a network
 // backend at all.
-func NeedsWire(c string) bool { return c == "wire" || c == "vm" || c == "failover" }
+func NeedsWire(c string) bool { return c == "wire" || c == "vm" || c == "failover" || NeedsKubeVirt(c) }
 
 // PeerNIC is the wire's second NIC: a virtio-net-pci on the main root
 // complex (virtio_net is loaded anyway, for the user-mode network NIC at
