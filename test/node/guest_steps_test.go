@@ -286,7 +286,9 @@ func kernelBootVM(vm map[string]any) error {
 		return fmt.Errorf("no spec.template.spec.domain")
 	}
 	domain["firmware"] = map[string]any{"kernelBoot": map[string]any{
-		"kernelArgs": layout.VMKernelArgs,
+		// The kernel's informational messages too (igbvf's about its
+		// MAC): quiet stops at warnings.
+		"kernelArgs": layout.VMKernelArgs + " loglevel=7",
 		"container": map[string]any{
 			"image": VMKernelImage, "imagePullPolicy": string(corev1.PullIfNotPresent),
 			"kernelPath": VMKernelPath, "initrdPath": VMInitrdPath,

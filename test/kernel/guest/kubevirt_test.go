@@ -4,9 +4,11 @@ package guest
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -98,9 +100,18 @@ func TestKubeVirtNode(t *testing.T) {
 	console("%s node %s Ready %s after containerd's start", layout.MarkKubeVirt, guestNode, time.Since(start).Round(100*time.Millisecond))
 
 	vm := &consoleTail{}
+	var vfs string
 	for {
 		checkAlive(t, daemons...)
 		vm.copy()
+		// What the PFs hold for their VFs (MAC, VLAN, spoof check), at
+		// each change: what the VM's igbvf should read.
+		if now := pfVFs(ctx); now != vfs {
+			vfs = now
+			for _, l := range strings.Split(strings.TrimSpace(now), "\n") {
+				console("%s pf: %s", layout.MarkKubeVirt, l)
+			}
+		}
 		_, err := kube.CoreV1().ConfigMaps("default").Get(ctx, layout.GuestStop, metav1.GetOptions{})
 		if err == nil {
 			console("%s stop: the host's test is done", layout.MarkKubeVirt)
@@ -156,6 +167,31 @@ func serveServiceIP(t *testing.T, apiServer string) {
 			}()
 		}
 	}()
+}
+
+// pfVFs is `ip link show` of the machine's links, only the PFs' VF lines
+// with the PF before them.
+func pfVFs(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, "ip", "link", "show").CombinedOutput()
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	dev := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, " ") {
+			dev = l
+			continue
+		}
+		if t := strings.TrimSpace(l); strings.HasPrefix(t, "vf ") {
+			if dev != "" {
+				b.WriteString(strings.SplitN(dev, ":", 3)[1] + ":\n")
+				dev = ""
+			}
+			b.WriteString("  " + t + "\n")
+		}
+	}
+	return b.String()
 }
 
 // consoleTail copies what the VM's serial console logs (vmConsoleGlob) to
