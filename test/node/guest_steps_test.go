@@ -197,22 +197,7 @@ func (e *env) testGuestDriver(t *testing.T) {
 		t.Fatalf("driver pod %s runs on %q, want the guest's node %s", pod.Name, pod.Spec.NodeName, layout.GuestNode)
 	}
 	t.Logf("driver pod %s Ready on %s %s after helm install", pod.Name, layout.GuestNode, time.Since(begin).Round(100*time.Millisecond))
-	var devices []string
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + layout.GuestNode})
-		if err != nil {
-			return false, err
-		}
-		devices = devices[:0]
-		for _, s := range sl.Items {
-			if s.Spec.Driver == driverName {
-				for _, d := range s.Spec.Devices {
-					devices = append(devices, d.Name)
-				}
-			}
-		}
-		return len(devices) == 4, nil
-	})
+	devices, err := e.waitDevices(ctx, layout.GuestNode, 4, 5*time.Minute)
 	if err != nil {
 		t.Fatalf("slices of node %s list %v, want the wire PF's 4 VFs: %v\nthe guest's console:\n%s", layout.GuestNode, devices, err, e.guest.tail(40))
 	}

@@ -165,8 +165,16 @@ func (e *env) waitSlices(ctx context.Context, t *testing.T) {
 // waitSlicesOf waits for node's slices to list the 8 VFs.
 func (e *env) waitSlicesOf(ctx context.Context, t *testing.T, node string) {
 	t.Helper()
+	if devices, err := e.waitDevices(ctx, node, 8, 2*time.Minute); err != nil {
+		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", node, devices, err)
+	}
+}
+
+// waitDevices waits until node's slices of the driver list want devices,
+// and returns their names.
+func (e *env) waitDevices(ctx context.Context, node string, want int, timeout time.Duration) ([]string, error) {
 	var devices []string
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		sl, err := e.Kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil {
 			return false, err
@@ -179,11 +187,9 @@ func (e *env) waitSlicesOf(ctx context.Context, t *testing.T, node string) {
 				}
 			}
 		}
-		return len(devices) == 8, nil
+		return len(devices) == want, nil
 	})
-	if err != nil {
-		t.Fatalf("slices of node %s list %v, want the 8 VFs: %v", node, devices, err)
-	}
+	return devices, err
 }
 
 // testInstall: kubectl apply -k of the overlay; the driver pod becomes
