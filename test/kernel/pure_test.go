@@ -258,18 +258,3 @@ func TestQEMUArgsWireOnlyWhenACaseNeedsIt(t *testing.T) {
 		}
 	}
 }
-
-// The kubevirt case's machine has one vCPU (QEMUArgs says why), the
-// others two; NUMA node 1 keeps its memory either way.
-func TestQEMUArgsOneCPUForKubeVirt(t *testing.T) {
-	e := &Env{Vmlinux: "vmlinux"}
-	for _, tc := range []struct {
-		cases []string
-		smp   string
-	}{{[]string{"kubevirt"}, "-smp 1 "}, {[]string{"vm"}, "-smp 2 "}, {nil, "-smp 2 "}} {
-		args := strings.Join(e.QEMUArgs("initrd", tc.cases, true), " ")
-		if !strings.Contains(args, tc.smp) || !strings.Contains(args, "node,nodeid=1,") {
-			t.Errorf("cases %v: want %q and NUMA node 1: %s", tc.cases, tc.smp, args)
-		}
-	}
-}

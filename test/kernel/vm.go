@@ -15,7 +15,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -520,16 +519,7 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	if len(cases) == 0 || slices.ContainsFunc(cases, layout.NeedsVirt) || slices.ContainsFunc(cases, layout.NeedsNode) {
 		node = 1024
 	}
-	cpus, numa1 := 2, "node,nodeid=1,cpus=1,memdev=m1"
 	if slices.ContainsFunc(cases, layout.NeedsKubeVirt) {
-		// One vCPU (NUMA node 1 keeps its memory and PF): the VM's igbvf
-		// waits about 1 ms for the reset-done bit, which QEMU's igb sets
-		// only once the outer PF driver has handled the VF-reset
-		// interrupt. With two vCPUs on one TCG thread, an interrupt for
-		// the vCPU not running the launcher's QEMU waits for the round
-		// robin (up to 100 ms): the VM got a random MAC in 3 of 3 runs
-		// ("PF still in reset state").
-		cpus, numa1 = 1, "node,nodeid=1,memdev=m1"
 		// Its node holds KubeVirt's images (about 500 MiB of archives),
 		// unpacked again by containerd, and virt-handler, vfnet's driver
 		// and the launcher pod with its VM.
@@ -547,9 +537,9 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 		// usleep_range never woken (rehearsal, 2026-12-04). Without the
 		// feature the guest idles in HLT, which TCG sleeps on.
 		"-cpu", "qemu64,-monitor",
-		"-smp", strconv.Itoa(cpus), "-m", fmt.Sprintf("%dM", 2*node),
+		"-smp", "2", "-m", fmt.Sprintf("%dM", 2*node),
 		"-object", fmt.Sprintf("memory-backend-ram,id=m0,size=%dM", node), "-object", fmt.Sprintf("memory-backend-ram,id=m1,size=%dM", node),
-		"-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", numa1,
+		"-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", "node,nodeid=1,cpus=1,memdev=m1",
 		"-nodefaults", "-display", "none", "-no-reboot", "-serial", "stdio", "-monitor", "none",
 		"-kernel", e.Vmlinux, "-initrd", initrd, "-append", strings.Join(cmdline, " "),
 		"-device", "intel-iommu,intremap=on,caching-mode=on",
