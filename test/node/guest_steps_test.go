@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 
 	"github.com/vfnet-io/vfnet/test/kernel"
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/syncbuf"
 )
 
 // guestSteps are the subtests of a run with EnvGuest, in order; each needs
@@ -34,27 +33,8 @@ func guestSteps() []string { return []string{"GuestNode", "GuestDriver", "GuestK
 type guestVM struct {
 	done    chan error
 	cancel  context.CancelFunc
-	console *lockedBuffer
+	console *syncbuf.Buffer
 	log     *os.File
-}
-
-// lockedBuffer is the guest's console as the steps read it while QEMU
-// writes it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // kubeVirtLines are the kubevirt case's lines (layout.MarkKubeVirt) so far,
@@ -147,30 +127,18 @@ func (e *env) testGuestNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
-	vm := &guestVM{done: make(chan error, 1), cancel: cancel, console: &lockedBuffer{}, log: logf}
+	vm := &guestVM{done: make(chan error, 1), cancel: cancel, console: &syncbuf.Buffer{}, log: logf}
 	e.guest = vm
 	begin = time.Now()
 	go func() {
 		vm.done <- env.Run(runCtx, kernel.RunOptions{Initrd: initrd, Cases: img.Layout.Cases, UserNet: true,
 			Console: io.MultiWriter(logf, vm.console), BootTimeout: guestBootTimeout})
 	}()
-	var last string
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
+	last, err := WaitNodeReady(ctx, e.Kube, layout.GuestNode, 20*time.Minute, func() error {
 		if err, ended := vm.exited(); ended {
-			return false, fmt.Errorf("the guest ended: %v", err)
+			return fmt.Errorf("the guest ended: %v", err)
 		}
-		node, err := e.Kube.CoreV1().Nodes().Get(ctx, layout.GuestNode, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				last = fmt.Sprintf("Ready %s: %s", c.Status, c.Message)
-				return c.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
+		return nil
 	})
 	if err != nil {
 		t.Fatalf("node %s not Ready (last: %s): %v\nthe guest's console:\n%s", layout.GuestNode, last, err, vm.tail(60))

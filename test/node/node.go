@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vfnet-io/vfnet/test/lib/controlplane"
+	"github.com/vfnet-io/vfnet/test/lib/tcpforward"
 )
 
 // Addresses inside the node's network namespace. The node IP is from
@@ -161,7 +162,6 @@ type Node struct {
 	Kubeconfig string
 
 	forward net.Listener
-	fwdWG   sync.WaitGroup
 	procs   []*proc
 	// mnt is the nested mount namespace of a node added beside the first
 	// (AddNode); nil for the first, which runs in this process's own.
@@ -259,27 +259,7 @@ func (n *Node) serveServiceIP() error {
 		return fmt.Errorf("serve the kubernetes Service IP: %w", err)
 	}
 	n.forward = l
-	target := strings.TrimPrefix(n.Plane.URL, "https://")
-	n.fwdWG.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			n.fwdWG.Go(func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(up, c); done <- struct{}{} }()
-				go func() { io.Copy(c, up); done <- struct{}{} }()
-				<-done
-			})
-		}
-	})
+	tcpforward.Serve(l, strings.TrimPrefix(n.Plane.URL, "https://"))
 	return nil
 }
 
@@ -515,30 +495,42 @@ nodeStatusUpdateFrequency: 5s
 }
 
 func (n *Node) waitNodeReady(ctx context.Context, timeout time.Duration) error {
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	last, err := WaitNodeReady(ctx, n.Kube, n.Spec.Name, timeout, func() error {
 		for _, p := range n.procs {
 			if err := p.exited(); err != nil {
-				return false, err
+				return err
 			}
 		}
-		node, err := n.Kube.CoreV1().Nodes().Get(ctx, n.Spec.Name, metav1.GetOptions{})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s not Ready (last: %s): %w\nkubelet log:\n%s", n.Spec.Name, last, err, Tail(n.LogFile("kubelet"), 40))
+	}
+	return nil
+}
+
+// WaitNodeReady waits until the Node name is Ready. alive is called at
+// each poll: its error (the kubelet or the machine gone) ends the wait.
+// last is the Ready condition as last seen.
+func WaitNodeReady(ctx context.Context, kube kubernetes.Interface, name string, timeout time.Duration, alive func() error) (last string, err error) {
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := alive(); err != nil {
+			return false, err
+		}
+		node, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
 			return false, nil
 		}
 		for _, c := range node.Status.Conditions {
 			if c.Type == corev1.NodeReady {
-				last = fmt.Sprintf("%s: %s", c.Reason, c.Message)
+				last = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
 				return c.Status == corev1.ConditionTrue, nil
 			}
 		}
 		return false, nil
 	})
-	if err != nil {
-		return fmt.Errorf("node %s not Ready (last: %s): %w\nkubelet log:\n%s", n.Spec.Name, last, err, Tail(n.LogFile("kubelet"), 40))
-	}
-	return nil
+	return last, err
 }
 
 // AddExtendedResources advertises extended resources on the node, as a

@@ -71,15 +71,7 @@ func TestKubeletNode(t *testing.T) {
 	}
 	ctx := t.Context()
 	enterNodeRoot(t)
-	kubeconfig := nodeKubeconfig(t, m.lay.APIServer)
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig, kube := nodeClient(t, m.lay.APIServer)
 	var sum kubeletSummary
 	sum.Baseline = measureIdle(t, "guest-baseline", baselineWindow, nil, nil)
 
@@ -304,6 +296,22 @@ func nodeKubeconfig(t *testing.T, apiServer string) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// nodeClient writes the node's kubeconfig (nodeKubeconfig) and returns
+// it with a client of the API server.
+func nodeClient(t *testing.T, apiServer string) (string, kubernetes.Interface) {
+	t.Helper()
+	kubeconfig := nodeKubeconfig(t, apiServer)
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, kube
 }
 
 // daemon is one of the node's long-running processes.

@@ -19,10 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vfnet-io/vfnet/test/kernel/layout"
+	"github.com/vfnet-io/vfnet/test/lib/tcpforward"
 )
 
 // ownPIDNamespace names the cases the init starts as the first process of
@@ -69,15 +68,7 @@ func TestKubeVirtNode(t *testing.T) {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		t.Fatalf("mount the node's /proc: %v", err)
 	}
-	kubeconfig := nodeKubeconfig(t, lay.APIServer)
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig, kube := nodeClient(t, lay.APIServer)
 	serveServiceIP(t, lay.APIServer)
 
 	start := time.Now()
@@ -147,26 +138,7 @@ func serveServiceIP(t *testing.T, apiServer string) {
 		t.Fatalf("serve the kubernetes Service address: %v", err)
 	}
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", apiServer)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(up, c); done <- struct{}{} }()
-				go func() { io.Copy(c, up); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
+	tcpforward.Serve(l, apiServer)
 }
 
 // pfVFs is `ip link show` of the machine's links, only the PFs' VF lines

@@ -410,7 +410,7 @@ echo "hook: $(readlink "$root/etc/libvirt/hooks/qemu")"
 func TestKVNodeLauncherLibvirtRuns(t *testing.T) {
 	needGuestTier(t)
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (mount namespace, chroot): run `make test-kubevirt-guest` as root")
+		t.Fatal("needs root (mount namespace, chroot): run `make test-kubevirt-guest` as root")
 	}
 	b := testImages.get(t)
 	root := t.TempDir()

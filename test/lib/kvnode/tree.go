@@ -143,7 +143,7 @@ func (t *tree) addLibs(dirs []string) error {
 		}
 	}
 	for _, lib := range t.dlopened {
-		host, err := findIn(lib, dirs)
+		host, err := sharedlibs.Find(lib, dirs)
 		if err != nil {
 			return fmt.Errorf("library %s (loaded at run time): %w", lib, err)
 		}
@@ -176,16 +176,6 @@ func isHostELF(p string, data []byte) bool {
 	}
 	defer f.Close()
 	return f.Machine == elf.EM_X86_64
-}
-
-func findIn(name string, dirs []string) (string, error) {
-	for _, d := range dirs {
-		p := filepath.Join(d, name)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-			return filepath.EvalSymlinks(p)
-		}
-	}
-	return "", fmt.Errorf("%s not found in %v", name, dirs)
 }
 
 // list is the files in path order (a directory before what it holds).

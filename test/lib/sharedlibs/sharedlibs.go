@@ -34,7 +34,7 @@ func Resolve(bin string, dirs []string) (map[string]string, error) {
 			return nil, fmt.Errorf("read the loader path of %s: %w", bin, err)
 		}
 		interp := string(data[:len(data)-1]) // NUL-terminated
-		host, err := findLib(filepath.Base(interp), dirs)
+		host, err := Find(filepath.Base(interp), dirs)
 		if err != nil {
 			return nil, fmt.Errorf("loader of %s: %w", bin, err)
 		}
@@ -57,7 +57,7 @@ func Resolve(bin string, dirs []string) (map[string]string, error) {
 				continue
 			}
 			seen[lib] = true
-			host, err := findLib(lib, dirs)
+			host, err := Find(lib, dirs)
 			if err != nil {
 				return fmt.Errorf("%s (needed by %s): %w", lib, filepath.Base(file), err)
 			}
@@ -74,7 +74,9 @@ func Resolve(bin string, dirs []string) (map[string]string, error) {
 	return out, nil
 }
 
-func findLib(name string, dirs []string) (string, error) {
+// Find is the first regular file name in dirs, with its symlinks
+// resolved.
+func Find(name string, dirs []string) (string, error) {
 	for _, d := range dirs {
 		p := filepath.Join(d, name)
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
