@@ -207,6 +207,10 @@ func TestNRIAgainstRuntime(t *testing.T) {
 		}
 		rl.target(sock)
 		waitFor(t, "the plugin to connect", n.Connected)
+		// The plugin sees Synchronize before the runtime adds it to the
+		// plugins it sends pod events to; the runtime's sync block, held
+		// for the whole registration, waits for that.
+		r.BlockPluginSync().Unblock()
 		return r
 	}
 	r := startRuntime(nil)
