@@ -258,3 +258,40 @@ func TestQEMUArgsWireOnlyWhenACaseNeedsIt(t *testing.T) {
 		}
 	}
 }
+
+// A guest with memory above 4 GiB (the kubevirt case's) keeps its VF BARs
+// under 4 GiB: with 36 or more physical address bits SeaBIOS maps them
+// high, where QEMU's igb VFs never see the guest's writes. QEMU refuses
+// the 35 bits unless the 64-bit hole fits in them.
+func TestQEMUArgsKeepVFBARsLowWithMemoryAbove4G(t *testing.T) {
+	e := &Env{Vmlinux: "vmlinux"}
+	for _, tc := range []struct {
+		cases []string
+		low   bool
+	}{
+		{[]string{"prepare", "vm"}, false},
+		{nil, false},
+		{[]string{"kubevirt"}, true},
+	} {
+		args := e.QEMUArgs("initrd", tc.cases, true)
+		joined := strings.Join(args, " ")
+		mem := ""
+		for i, a := range args {
+			if a == "-m" && i+1 < len(args) {
+				mem = args[i+1]
+			}
+		}
+		var mib int
+		if _, err := fmt.Sscanf(mem, "%dM", &mib); err != nil {
+			t.Fatalf("cases %v: -m %q: %v", tc.cases, mem, err)
+		}
+		if above := mib > 2816; above != tc.low {
+			t.Errorf("cases %v: %d MiB, memory above 4 GiB %v, want %v", tc.cases, mib, above, tc.low)
+		}
+		phys35 := strings.Contains(joined, "-cpu qemu64,-monitor,phys-bits=35 ")
+		hole := strings.Contains(joined, "-global q35-pcihost.pci-hole64-size=2G")
+		if phys35 != tc.low || hole != tc.low {
+			t.Errorf("cases %v: phys-bits=35 %v, 2G 64-bit hole %v, want both %v: %s", tc.cases, phys35, hole, tc.low, joined)
+		}
+	}
+}
