@@ -203,10 +203,29 @@ func (e *env) testGuestKubeVirt(t *testing.T) {
 	if mac != exampleMAC {
 		t.Errorf("VMI %s asks for MAC %q, want %s (manifests/examples/vm.yaml)", name, mac, exampleMAC)
 	}
-	line := e.waitGuestConsole(ctx, t, 15*time.Minute, func(l string) bool {
+	// The VM's kernel under nested TCG: 10 min after the apply idle.
+	line := e.waitGuestConsole(ctx, t, 25*time.Minute, func(l string) bool {
 		return strings.Contains(l, layout.MarkInner+" vfs") && strings.Contains(l, "="+mac)
 	})
 	t.Logf("KubeVirt: the VM's kernel reads MAC %s on the VF %s after kubectl apply: %s", mac, time.Since(begin).Round(100*time.Millisecond), line)
+	// What the guest's PFs hold: vfnet set the MAC and the example
+	// claim's VLAN on one VF through its PF.
+	if vf := vfWith(e.guest.pfTable(), mac); !strings.Contains(vf, "vlan 100") {
+		t.Errorf("the guest's PFs hold %q for MAC %s, want VLAN 100 (manifests/examples/resourceclaimtemplate.yaml):\n%s", vf, mac, strings.Join(e.guest.pfTable(), "\n"))
+	}
+	pod, err = e.Kube.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims []string
+	for _, st := range pod.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil {
+			claims = append(claims, *st.ResourceClaimName)
+		}
+	}
+	if len(claims) == 0 {
+		t.Fatalf("launcher pod %s has no ResourceClaims: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
+	}
 
 	begin = time.Now()
 	if out, err := e.Kubectl(ctx, nil, "delete", "vm", name, "-n", ns, "--wait=false"); err != nil {
@@ -223,6 +242,55 @@ func (e *env) testGuestKubeVirt(t *testing.T) {
 		t.Fatalf("launcher pod %s: %v", pod.Name, err)
 	}
 	t.Logf("KubeVirt: VM deleted until its VMI and launcher pod are gone: %s", time.Since(begin).Round(100*time.Millisecond))
+	// The pod's claims go with it, and vfnet's unprepare gives the VF
+	// back as it was: no MAC, no VLAN.
+	for _, c := range claims {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			_, err := e.Kube.ResourceV1().ResourceClaims(ns).Get(ctx, c, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Errorf("ResourceClaim %s/%s still there 2m after its pod: %v", ns, c, err)
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		table := e.guest.pfTable()
+		return len(table) > 0 && vfWith(table, mac) == "" && vfWith(table, "vlan 100") == "", nil
+	})
+	if err != nil {
+		t.Errorf("the guest's PFs still hold MAC %s or VLAN 100 2m after the VM's deletion:\n%s", mac, strings.Join(e.guest.pfTable(), "\n"))
+	}
+	t.Logf("KubeVirt: claims %v deleted and the VF released %s after the VM's deletion", claims, time.Since(begin).Round(100*time.Millisecond))
+}
+
+// pfTable is the guest's last report of what its PFs hold for their VFs
+// (the kubevirt case prints it at each change): one line for each PF and
+// each VF, as "ip link show" prints them.
+func (g *guestVM) pfTable() []string {
+	var table []string
+	for _, l := range g.kubeVirtLines() {
+		rest, ok := strings.CutPrefix(l, "pf: ")
+		if !ok {
+			continue
+		}
+		// A report starts with its first PF's line, the only one not
+		// indented.
+		if !strings.HasPrefix(rest, " ") {
+			table = nil
+		}
+		table = append(table, strings.TrimSpace(rest))
+	}
+	return table
+}
+
+// vfWith is the first VF line of table that contains s, or "".
+func vfWith(table []string, s string) string {
+	for _, l := range table {
+		if strings.HasPrefix(l, "vf ") && strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
 }
 
 // kernelBootVM makes the test-sized example VM boot the real-kernel tier's
