@@ -51,8 +51,8 @@ func TestInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	binding, _, _ := unstructuredMap(kv.Object, "spec", "configuration", "network", "binding", "vfnet")
-	if binding["sidecarImage"] == nil || binding["computeResourceOverhead"] == nil {
-		t.Errorf("binding vfnet after apply = %v, want sidecarImage and computeResourceOverhead kept by the CRD schema", binding)
+	if binding["sidecarImage"] == nil {
+		t.Errorf("binding vfnet after apply = %v, want sidecarImage kept by the CRD schema", binding)
 	}
 	if out, err := env.Plane.Kubectl(ctx, nil, "apply", "--server-side", "-k", filepath.Join(env.Repo, "manifests", "examples")); err != nil {
 		t.Fatalf("examples do not apply: %v", err)

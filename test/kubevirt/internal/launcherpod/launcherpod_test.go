@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	k8sv1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	v1 "kubevirt.io/api/core/v1"
 
 	"github.com/vfnet-io/vfnet/test/kubevirt/internal/manifestcheck"
@@ -124,19 +125,25 @@ func TestProductCRPatchShapesLauncherPod(t *testing.T) {
 		t.Errorf("v1.9.0 now gives the sidecar claims %+v: update manifests/kubevirt/README.md, docs/install.md and the binding's error text", sidecar.Resources.Claims)
 	}
 
-	// The patch's computeResourceOverhead lands on the compute container.
-	without := cfg.DeepCopy()
-	p := without.NetworkConfiguration.Binding[binding]
-	p.ComputeResourceOverhead = nil
-	without.NetworkConfiguration.Binding[binding] = p
-	base, err := Render(vmi, without)
+	// VFIO's gigabyte is reserved once, by the VM's addedOverhead, as
+	// KubeVirt reserves it for its own VFIO devices: the registration adds
+	// nothing to the compute container.
+	if o := plugin.ComputeResourceOverhead; o != nil && !o.Requests.Memory().IsZero() {
+		t.Errorf("the CR patch reserves %s more for every VM: VFIO's gigabyte twice with the VM's addedOverhead", o.Requests.Memory())
+	}
+	noAdded := vmi.DeepCopy()
+	if m := noAdded.Spec.Domain.Memory; m == nil || m.ReservedOverhead == nil || m.ReservedOverhead.AddedOverhead == nil {
+		t.Fatalf("the example VM sets no reservedOverhead.addedOverhead: %+v", vmi.Spec.Domain.Memory)
+	}
+	noAdded.Spec.Domain.Memory.ReservedOverhead.AddedOverhead = nil
+	base, err := Render(noAdded, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := compute.Resources.Requests.Memory().DeepCopy()
 	got.Sub(*container(base, "compute").Resources.Requests.Memory())
-	if want := plugin.ComputeResourceOverhead.Requests.Memory(); got.Cmp(*want) != 0 {
-		t.Errorf("compute memory request grows by %s with the patch, want its overhead %s", got.String(), want.String())
+	if want := resource.MustParse("1Gi"); got.Cmp(want) != 0 {
+		t.Errorf("the example's addedOverhead grows the compute memory request by %s, want %s (VFIO's gigabyte, once)", got.String(), want.String())
 	}
 }
 

@@ -182,9 +182,9 @@ func ValidateVMI(vmi *v1.VirtualMachineInstance, cfg *v1.KubeVirtConfiguration) 
 
 // BindingRegistration checks, beyond KubeVirt's own admission (which does
 // not look at binding registrations), that every binding plugin the VM's
-// interfaces name is registered in cfg with a sidecar image and a compute
-// resource overhead: without them virt-controller cannot render the pod, or
-// the VF's locked memory is not accounted for (docs/install.md).
+// interfaces name is registered in cfg with a sidecar image: without it
+// virt-controller cannot render the pod. (VFIO's memory is the VM's own
+// reservedOverhead, which vmirender's memlock test checks.)
 func BindingRegistration(spec *v1.VirtualMachineInstanceSpec, cfg *v1.KubeVirtConfiguration) []string {
 	var problems []string
 	for _, iface := range spec.Domain.Devices.Interfaces {
@@ -203,8 +203,6 @@ func BindingRegistration(spec *v1.VirtualMachineInstanceSpec, cfg *v1.KubeVirtCo
 			problems = append(problems, fmt.Sprintf("interface %s: binding %q is not registered in spec.configuration.network.binding", iface.Name, name))
 		case plugin.SidecarImage == "":
 			problems = append(problems, fmt.Sprintf("binding %q: sidecarImage is empty", name))
-		case plugin.ComputeResourceOverhead == nil || plugin.ComputeResourceOverhead.Requests.Memory().IsZero():
-			problems = append(problems, fmt.Sprintf("binding %q: computeResourceOverhead.requests.memory is not set (VFIO locked memory)", name))
 		}
 	}
 	return problems

@@ -197,12 +197,15 @@ func TestBindingRegistrationProblems(t *testing.T) {
 	t.Parallel()
 	kv, vm := fixtures(t)
 	cfg, _ := ClusterConfig(kv, RequiredGates...)
-	noOverhead := cfg.DeepCopy()
-	b := noOverhead.NetworkConfiguration.Binding["vfnet"]
-	b.ComputeResourceOverhead = nil
-	noOverhead.NetworkConfiguration.Binding["vfnet"] = b
-	if p := BindingRegistration(&vm.Spec.Template.Spec, noOverhead); len(p) != 1 || !strings.Contains(p[0], "computeResourceOverhead") {
-		t.Errorf("missing overhead not reported: %v", p)
+	noImage := cfg.DeepCopy()
+	b := noImage.NetworkConfiguration.Binding["vfnet"]
+	b.SidecarImage = ""
+	noImage.NetworkConfiguration.Binding["vfnet"] = b
+	if p := BindingRegistration(&vm.Spec.Template.Spec, noImage); len(p) != 1 || !strings.Contains(p[0], "sidecarImage") {
+		t.Errorf("missing sidecar image not reported: %v", p)
+	}
+	if p := BindingRegistration(&vm.Spec.Template.Spec, cfg); len(p) != 0 {
+		t.Errorf("the fixture's registration reported: %v", p)
 	}
 	unregistered := cfg.DeepCopy()
 	delete(unregistered.NetworkConfiguration.Binding, "vfnet")
