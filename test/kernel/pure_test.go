@@ -285,7 +285,7 @@ func TestQEMUArgsKeepVFBARsLowWithMemoryAbove4G(t *testing.T) {
 		if _, err := fmt.Sscanf(mem, "%dM", &mib); err != nil {
 			t.Fatalf("cases %v: -m %q: %v", tc.cases, mem, err)
 		}
-		if above := mib > 2816; above != tc.low {
+		if above := mib > q35LowMemMiB; above != tc.low {
 			t.Errorf("cases %v: %d MiB, memory above 4 GiB %v, want %v", tc.cases, mib, above, tc.low)
 		}
 		phys35 := strings.Contains(joined, "-cpu qemu64,-monitor,phys-bits=35 ")

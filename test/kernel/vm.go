@@ -527,9 +527,8 @@ func (e *Env) QEMUArgs(initrd string, cases []string, userNet bool) []string {
 	}
 	cpu := "qemu64,-monitor"
 	var hole64 []string
-	if 2*node > 2816 {
-		// The guest has memory above 4 GiB, where q35 puts what exceeds
-		// 2 GiB. SeaBIOS then maps every 64-bit prefetchable BAR, the
+	if 2*node > q35LowMemMiB {
+		// The guest has memory above 4 GiB. SeaBIOS then maps every 64-bit prefetchable BAR, the
 		// igb PF's VF BARs among them, high in the 64-bit window (when
 		// the CPU has 36 or more physical address bits), and QEMU's igb
 		// VFs mapped there never see the guest's writes: igbvf's reset
@@ -605,6 +604,11 @@ func (e *BootStallError) Error() string {
 	}
 	return fmt.Sprintf("the guest stalled during boot: %s within %s; where the vCPUs were:\n%s", stage, e.After, e.CPUs)
 }
+
+// q35LowMemMiB is the most guest memory q35 keeps under 4 GiB whole
+// (0xb0000000, where its PCIe configuration space starts); with more it
+// puts all but 2 GiB above 4 GiB.
+const q35LowMemMiB = 2816
 
 // EnvQEMUTrace names QEMU trace events (comma-separated patterns) that Run
 // enables, logged to last-qemu-trace.log in the Env's directory

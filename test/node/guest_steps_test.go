@@ -209,9 +209,13 @@ func (e *env) testGuestKubeVirt(t *testing.T) {
 	})
 	t.Logf("KubeVirt: the VM's kernel reads MAC %s on the VF %s after kubectl apply: %s", mac, time.Since(begin).Round(100*time.Millisecond), line)
 	// What the guest's PFs hold: vfnet set the MAC and the example
-	// claim's VLAN on one VF through its PF.
-	if vf := vfWith(e.guest.pfTable(), mac); !strings.Contains(vf, "vlan 100") {
-		t.Errorf("the guest's PFs hold %q for MAC %s, want VLAN 100 (manifests/examples/resourceclaimtemplate.yaml):\n%s", vf, mac, strings.Join(e.guest.pfTable(), "\n"))
+	// claim's VLAN on one VF through its PF (the case reports the table
+	// every 2 s when it changes).
+	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return strings.Contains(vfWith(e.guest.pfTable(), mac), "vlan 100"), nil
+	})
+	if err != nil {
+		t.Errorf("the guest's PFs hold no VF with MAC %s and VLAN 100 (manifests/examples/resourceclaimtemplate.yaml):\n%s", mac, strings.Join(e.guest.pfTable(), "\n"))
 	}
 	pod, err = e.Kube.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 	if err != nil {
